@@ -1,0 +1,32 @@
+//! `rocemu`: the command-line face of RoCEmu. Subcommands follow `../shared/contracts.md`.
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+mod decode;
+
+#[derive(Parser, Debug)]
+#[command(name = "rocemu", version, about = "RoCEmu: a software RoCEv2 NIC")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Describe every frame of a capture (pcap or pcapng), one line or one JSON object each.
+    Decode(decode::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let r = match cli.cmd {
+        Cmd::Decode(a) => decode::run(&a),
+    };
+    match r {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("rocemu: {e}");
+            ExitCode::from(2)
+        }
+    }
+}

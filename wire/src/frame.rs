@@ -1,0 +1,360 @@
+//! Whole RoCEv2 frames: Ethernet [802.1Q] / IPv4 | IPv6 / UDP 4791 / BTH / extension headers /
+//! payload / pad / ICRC (Annex A17.4), parsed in place and built in place.
+//!
+//! The IP datagram's own length delimits the packet: Ethernet padding after it is ignored. The
+//! UDP length must equal the IP payload length.
+use crate::error::{BuildError, Error, Layer};
+use crate::eth::{EthernetRepr, ETHERTYPE_IPV4, ETHERTYPE_IPV6};
+use crate::headers::{BthHeader, BthRepr, ExtHeaders};
+use crate::icrc;
+use crate::ip::{Ipv4Repr, Ipv6Repr, IPV6_HEADER_LEN, PROTO_UDP};
+use crate::opcode::{len, Opcode};
+use crate::types::Qpn;
+use core::net::IpAddr;
+use zerocopy::FromBytes;
+
+/// The IANA port of RoCEv2.
+pub const ROCEV2_UDP_PORT: u16 = 4791;
+const UDP_HEADER_LEN: usize = 8;
+
+/// The network layer of a frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IpRepr {
+    V4(Ipv4Repr),
+    V6(Ipv6Repr),
+}
+
+impl IpRepr {
+    pub fn src(&self) -> IpAddr {
+        match self {
+            IpRepr::V4(r) => IpAddr::V4(r.src),
+            IpRepr::V6(r) => IpAddr::V6(r.src),
+        }
+    }
+    pub fn dst(&self) -> IpAddr {
+        match self {
+            IpRepr::V4(r) => IpAddr::V4(r.dst),
+            IpRepr::V6(r) => IpAddr::V6(r.dst),
+        }
+    }
+    pub fn ecn(&self) -> u8 {
+        match self {
+            IpRepr::V4(r) => r.ecn,
+            IpRepr::V6(r) => r.ecn,
+        }
+    }
+    pub fn dscp(&self) -> u8 {
+        match self {
+            IpRepr::V4(r) => r.dscp,
+            IpRepr::V6(r) => r.dscp,
+        }
+    }
+    pub fn is_v6(&self) -> bool {
+        matches!(self, IpRepr::V6(_))
+    }
+    pub fn header_len(&self) -> usize {
+        match self {
+            IpRepr::V4(r) => r.header_len,
+            IpRepr::V6(_) => IPV6_HEADER_LEN,
+        }
+    }
+}
+
+/// The UDP header as values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UdpRepr {
+    pub sport: u16,
+    pub dport: u16,
+    pub len: u16,
+    pub checksum: u16,
+}
+
+/// A well-formed RoCEv2 frame, parsed in place. Field values are as they stand on the wire:
+/// checking them against each other (ICRC, IPv4 checksum, RETH length) is the caller's choice.
+#[derive(Debug, Clone, Copy)]
+pub struct ParsedFrame<'a> {
+    pub eth: EthernetRepr,
+    pub ip: IpRepr,
+    pub udp: UdpRepr,
+    pub bth: BthRepr,
+    pub ext: ExtHeaders,
+    /// The payload, without pad bytes and ICRC.
+    pub payload: &'a [u8],
+    /// The ICRC bytes as they stand on the wire.
+    pub icrc: [u8; 4],
+    /// IP header through the ICRC.
+    datagram: &'a [u8],
+    /// Offset of `payload` within the frame given to the parser.
+    payload_offset: usize,
+}
+
+impl<'a> ParsedFrame<'a> {
+    pub fn opcode(&self) -> Opcode {
+        self.bth.opcode
+    }
+    /// The ICRC the packet should carry.
+    pub fn computed_icrc(&self) -> u32 {
+        let n = self.datagram.len() - len::ICRC;
+        icrc::compute(&self.datagram[..n], self.ip.header_len(), self.ip.is_v6())
+    }
+    /// True when the ICRC on the wire verifies.
+    pub fn icrc_ok(&self) -> bool {
+        icrc::to_wire(self.computed_icrc()) == self.icrc
+    }
+    /// True for IPv6, and for IPv4 when the header checksum verifies.
+    pub fn ip_checksum_ok(&self) -> bool {
+        match self.ip {
+            IpRepr::V4(r) => crate::ip::ipv4_checksum_ok(&self.datagram[..r.header_len]),
+            IpRepr::V6(_) => true,
+        }
+    }
+    /// The pad bytes between the payload and the ICRC.
+    pub fn pad_bytes(&self) -> &'a [u8] {
+        let end = self.datagram.len() - len::ICRC;
+        &self.datagram[end - self.bth.pad as usize..end]
+    }
+    /// Where the payload starts in the frame that was parsed.
+    pub fn payload_offset(&self) -> usize {
+        self.payload_offset
+    }
+    /// The IP datagram: IP header through ICRC (Ethernet padding excluded).
+    pub fn datagram(&self) -> &'a [u8] {
+        self.datagram
+    }
+}
+
+/// Parses an Ethernet frame (with an optional 802.1Q tag) holding a RoCEv2 packet.
+pub fn parse_frame(frame: &[u8]) -> Result<ParsedFrame<'_>, Error> {
+    let (eth, l3) = EthernetRepr::parse(frame)?;
+    parse_l3(eth, frame, l3)
+}
+
+/// Parses a bare IP datagram (a capture with a raw-IP link type). `eth` in the result is all
+/// zeros but for its EtherType.
+pub fn parse_ip_packet(packet: &[u8]) -> Result<ParsedFrame<'_>, Error> {
+    let ethertype = match packet.first().map(|b| b >> 4) {
+        Some(6) => ETHERTYPE_IPV6,
+        _ => ETHERTYPE_IPV4,
+    };
+    parse_l3(
+        EthernetRepr {
+            ethertype,
+            ..Default::default()
+        },
+        packet,
+        0,
+    )
+}
+
+fn parse_l3(eth: EthernetRepr, frame: &[u8], l3: usize) -> Result<ParsedFrame<'_>, Error> {
+    let rest = &frame[l3..];
+    let (ip, datagram, protocol) = match eth.ethertype {
+        ETHERTYPE_IPV4 => {
+            let (r, d) = Ipv4Repr::parse(rest)?;
+            (IpRepr::V4(r), d, r.protocol)
+        }
+        ETHERTYPE_IPV6 => {
+            let (r, d) = Ipv6Repr::parse(rest)?;
+            (IpRepr::V6(r), d, r.next_header)
+        }
+        other => return Err(Error::NotIp { ethertype: other }),
+    };
+    if protocol != PROTO_UDP {
+        return Err(Error::NotUdp { protocol });
+    }
+    let l4 = ip.header_len();
+    let ip_payload = datagram.len() - l4;
+    if ip_payload < UDP_HEADER_LEN {
+        return Err(Error::Truncated {
+            layer: Layer::Udp,
+            need: UDP_HEADER_LEN,
+            have: ip_payload,
+        });
+    }
+    let u = &datagram[l4..];
+    let udp = UdpRepr {
+        sport: u16::from_be_bytes([u[0], u[1]]),
+        dport: u16::from_be_bytes([u[2], u[3]]),
+        len: u16::from_be_bytes([u[4], u[5]]),
+        checksum: u16::from_be_bytes([u[6], u[7]]),
+    };
+    if udp.dport != ROCEV2_UDP_PORT {
+        return Err(Error::NotRocePort { dport: udp.dport });
+    }
+    if udp.len as usize != ip_payload {
+        return Err(Error::UdpLength {
+            udp_len: udp.len,
+            ip_payload,
+        });
+    }
+    let t = &u[UDP_HEADER_LEN..];
+    let Ok((bth_hdr, _)) = BthHeader::ref_from_prefix(t) else {
+        return Err(Error::Truncated {
+            layer: Layer::Bth,
+            need: len::BTH,
+            have: t.len(),
+        });
+    };
+    let opcode = Opcode::new(bth_hdr.opcode_byte())?;
+    let bth = BthRepr::from_header(bth_hdr, opcode);
+    let info = opcode.info();
+    let need = len::BTH + info.ext_len + len::ICRC;
+    if t.len() < need {
+        return Err(Error::Truncated {
+            layer: Layer::Transport,
+            need,
+            have: t.len(),
+        });
+    }
+    let ext = ExtHeaders::parse(info, &t[len::BTH..]);
+    let body = t.len() - need; // payload + pad
+    if bth.pad as usize > body {
+        return Err(Error::PadExceedsPayload {
+            pad: bth.pad,
+            payload: body,
+        });
+    }
+    let p0 = len::BTH + info.ext_len;
+    let payload = &t[p0..p0 + body - bth.pad as usize];
+    let n = t.len();
+    let icrc = [t[n - 4], t[n - 3], t[n - 2], t[n - 1]];
+    Ok(ParsedFrame {
+        eth,
+        ip,
+        udp,
+        bth,
+        ext,
+        payload,
+        icrc,
+        datagram,
+        payload_offset: l3 + l4 + UDP_HEADER_LEN + p0,
+    })
+}
+
+/// The UDP source port for a QP, as rxe derives it: 0xC000 | the top 14 bits of
+/// `qpn × 0x61C88647` (the kernel's `hash_32`). Annex A17.5.1.1 only asks that the port be
+/// fixed per QP and drawn from the dynamic range, so that ECMP keeps a flow on one path.
+pub fn udp_sport_for_qpn(qpn: Qpn) -> u16 {
+    0xc000 | (qpn.value().wrapping_mul(0x61c8_8647) >> 18) as u16
+}
+
+/// Everything needed to build one frame: the headers as values. The payload comes separately.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameRepr {
+    /// The EtherType is set by `emit` from the IP version.
+    pub eth: EthernetRepr,
+    /// Lengths, protocol and the IPv4 checksum are set by `emit`.
+    pub ip: IpRepr,
+    pub sport: u16,
+    pub dport: u16,
+    pub bth: BthRepr,
+    pub ext: ExtHeaders,
+}
+
+impl FrameRepr {
+    /// The values of a parsed frame, to rebuild it.
+    pub fn from_parsed(p: &ParsedFrame<'_>) -> FrameRepr {
+        FrameRepr {
+            eth: p.eth,
+            ip: p.ip,
+            sport: p.udp.sport,
+            dport: p.udp.dport,
+            bth: p.bth,
+            ext: p.ext,
+        }
+    }
+
+    fn ip_emit_header_len(&self) -> usize {
+        match self.ip {
+            IpRepr::V4(_) => crate::ip::IPV4_MIN_HEADER_LEN,
+            IpRepr::V6(_) => IPV6_HEADER_LEN,
+        }
+    }
+
+    /// Bytes of the frame for a payload of `payload_len` bytes (with the BTH's pad count).
+    pub fn frame_len(&self, payload_len: usize) -> usize {
+        self.eth.header_len()
+            + self.ip_emit_header_len()
+            + UDP_HEADER_LEN
+            + self.transport_len(payload_len)
+    }
+
+    fn transport_len(&self, payload_len: usize) -> usize {
+        len::BTH + self.bth.opcode.info().ext_len + payload_len + self.bth.pad as usize + len::ICRC
+    }
+
+    /// Writes the frame at the front of `buf`: headers with every length, the IPv4 checksum
+    /// (IPv4 headers are built without options), `payload_len` payload bytes written by
+    /// `fill`, `bth.pad` zero pad bytes, and the ICRC. The UDP checksum is 0 (Annex A17.4.3
+    /// allows it for IPv4; RoCE NICs send 0 on IPv6 too). Returns the frame length.
+    pub fn emit(
+        &self,
+        buf: &mut [u8],
+        payload_len: usize,
+        fill: impl FnOnce(&mut [u8]),
+    ) -> Result<usize, BuildError> {
+        let info = self.bth.opcode.info();
+        self.ext.check_layout(info)?;
+        if self.bth.pad > 3 {
+            return Err(BuildError::Invalid("pad count above 3"));
+        }
+        let total = self.frame_len(payload_len);
+        if buf.len() < total {
+            return Err(BuildError::BufferTooSmall {
+                need: total,
+                have: buf.len(),
+            });
+        }
+        let l3 = self.eth.header_len();
+        let ihl = self.ip_emit_header_len();
+        let udp_len = UDP_HEADER_LEN + self.transport_len(payload_len);
+        if ihl + udp_len > u16::MAX as usize {
+            return Err(BuildError::TooLong { len: ihl + udp_len });
+        }
+        let buf = &mut buf[..total];
+        let mut eth = self.eth;
+        eth.ethertype = if self.ip.is_v6() {
+            ETHERTYPE_IPV6
+        } else {
+            ETHERTYPE_IPV4
+        };
+        eth.emit(buf);
+        match self.ip {
+            IpRepr::V4(mut r) => {
+                r.total_len = (ihl + udp_len) as u16;
+                r.protocol = PROTO_UDP;
+                r.emit(&mut buf[l3..]);
+            }
+            IpRepr::V6(mut r) => {
+                r.payload_len = udp_len as u16;
+                r.next_header = PROTO_UDP;
+                r.emit(&mut buf[l3..]);
+            }
+        }
+        let u = l3 + ihl;
+        buf[u..u + 2].copy_from_slice(&self.sport.to_be_bytes());
+        buf[u + 2..u + 4].copy_from_slice(&self.dport.to_be_bytes());
+        buf[u + 4..u + 6].copy_from_slice(&(udp_len as u16).to_be_bytes());
+        buf[u + 6..u + 8].fill(0);
+        let b = u + UDP_HEADER_LEN;
+        self.bth.emit(&mut buf[b..]);
+        let e = b + len::BTH;
+        let p = e + self.ext.emit(info, &mut buf[e..]);
+        fill(&mut buf[p..p + payload_len]);
+        let pad_end = p + payload_len + self.bth.pad as usize;
+        buf[p + payload_len..pad_end].fill(0);
+        let c = icrc::compute(&buf[l3..pad_end], ihl, self.ip.is_v6());
+        buf[pad_end..pad_end + 4].copy_from_slice(&icrc::to_wire(c));
+        Ok(total)
+    }
+
+    /// Like [`FrameRepr::emit`], with the payload copied from a slice.
+    pub fn emit_with_payload(&self, buf: &mut [u8], payload: &[u8]) -> Result<usize, BuildError> {
+        self.emit(buf, payload.len(), |dst| dst.copy_from_slice(payload))
+    }
+}
+
+/// The pad count that brings a payload to a multiple of four bytes (IBTA 9.2: PadCnt).
+pub const fn pad_for(payload_len: usize) -> u8 {
+    ((4 - (payload_len & 3)) & 3) as u8
+}

@@ -1,0 +1,33 @@
+//! RoCEv2 on the wire.
+//!
+//! Invariants, in the spirit of smoltcp's `wire` module:
+//!
+//! * Untrusted bytes enter through a checked constructor ([`parse_frame`], `*::new_checked`). Once
+//!   that has succeeded, no accessor of the returned view panics, whatever the bytes hold.
+//! * Any byte string given to [`parse_frame`] returns a value or a typed [`Error`]; nothing panics.
+//! * Parsing and building never allocate. Builders write in place into the caller's buffer and take
+//!   the payload as a closure.
+//! * Field values that disagree with each other (a RETH length that differs from the payload, a bad
+//!   IPv4 checksum, a wrong ICRC) are reported as they stand; only structure is an error.
+//!
+//! The transport headers follow IBTA Vol. 1 chapter 9 (9.2 BTH, 9.3 extension headers, table 35
+//! for the opcodes); the RoCEv2 encapsulation and the ICRC masking follow Annex A17.
+#![forbid(unsafe_code)]
+
+pub mod capture;
+mod error;
+pub mod eth;
+pub mod frame;
+pub mod headers;
+pub mod icrc;
+pub mod ip;
+pub mod opcode;
+pub mod types;
+
+pub use error::{BuildError, Error, Layer};
+pub use frame::{parse_frame, udp_sport_for_qpn, FrameRepr, IpRepr, ParsedFrame, ROCEV2_UDP_PORT};
+pub use headers::{
+    AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, ExtHeaders, FethRepr, RethRepr,
+};
+pub use opcode::{Opcode, OpcodeInfo, Position, Transport};
+pub use types::{Msn, NakCode, PKey, Psn, QKey, Qpn, RKey, Syndrome, SyndromeKind};
