@@ -343,7 +343,7 @@ impl FrameRepr {
         fill(&mut buf[p..p + payload_len]);
         let pad_end = p + payload_len + self.bth.pad as usize;
         buf[p + payload_len..pad_end].fill(0);
-        let c = icrc::compute(&buf[l3..pad_end], ihl, self.ip.is_v6());
+        let c = icrc::compute_in_place(buf, l3, ihl, self.ip.is_v6(), pad_end + len::ICRC);
         buf[pad_end..pad_end + 4].copy_from_slice(&icrc::to_wire(c));
         Ok(total)
     }

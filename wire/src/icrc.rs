@@ -48,6 +48,42 @@ pub fn compute(datagram: &[u8], ip_header_len: usize, ipv6: bool) -> u32 {
     h.finalize()
 }
 
+/// The ICRC of the RoCEv2 packet whose IP header starts at `l3` in `frame`, computed in one
+/// pass over the frame itself: the eight bytes before the IP header (the end of the Ethernet
+/// header) and the variant fields are overwritten with ones, hashed, and put back. This is what
+/// the builder and a receive path that owns its buffer use; it costs what a plain CRC of the
+/// same bytes costs. `end` is the offset just past the ICRC. Needs `l3 >= 8` (any Ethernet
+/// frame); the caller guarantees that the IP, UDP and BTH headers lie within `frame[..end]`.
+pub fn compute_in_place(frame: &mut [u8], l3: usize, ip_header_len: usize, ipv6: bool, end: usize) -> u32 {
+    debug_assert!(l3 >= 8);
+    let u = l3 + ip_header_len;
+    let mut saved_lrh = [0u8; 8];
+    saved_lrh.copy_from_slice(&frame[l3 - 8..l3]);
+    let ip0 = [frame[l3], frame[l3 + 1], frame[l3 + 2], frame[l3 + 3]];
+    let (ip7, ip8, ip10, ip11) = (frame[l3 + 7], frame[l3 + 8], frame[l3 + 10], frame[l3 + 11]);
+    let (u6, u7, b4) = (frame[u + 6], frame[u + 7], frame[u + UDP_LEN + 4]);
+    frame[l3 - 8..l3].fill(0xff);
+    if ipv6 {
+        frame[l3] |= 0x0f;
+        frame[l3 + 1..l3 + 4].fill(0xff);
+        frame[l3 + 7] = 0xff;
+    } else {
+        frame[l3 + 1] = 0xff;
+        frame[l3 + 8] = 0xff;
+        frame[l3 + 10] = 0xff;
+        frame[l3 + 11] = 0xff;
+    }
+    frame[u + 6] = 0xff;
+    frame[u + 7] = 0xff;
+    frame[u + UDP_LEN + 4] = 0xff;
+    let crc = crc32fast::hash(&frame[l3 - 8..end - 4]);
+    frame[l3 - 8..l3].copy_from_slice(&saved_lrh);
+    frame[l3..l3 + 4].copy_from_slice(&ip0);
+    (frame[l3 + 7], frame[l3 + 8], frame[l3 + 10], frame[l3 + 11]) = (ip7, ip8, ip10, ip11);
+    (frame[u + 6], frame[u + 7], frame[u + UDP_LEN + 4]) = (u6, u7, b4);
+    crc
+}
+
 /// The wire bytes of an ICRC value.
 pub fn to_wire(icrc: u32) -> [u8; 4] {
     icrc.to_le_bytes()
@@ -95,5 +131,18 @@ mod tests {
         assert_eq!(compute(&d, 28, false), reference(&d, 28, false));
         d[0] = 0x6a;
         assert_eq!(compute(&d, 40, true), reference(&d, 40, true));
+    }
+
+    #[test]
+    fn in_place_matches_and_restores_every_byte() {
+        for (ihl, v6, first) in [(20, false, 0x45u8), (28, false, 0x47), (40, true, 0x6a)] {
+            let mut f: Vec<u8> = (0..400u32).map(|i| (i * 91 + 3) as u8).collect();
+            f[14] = first;
+            let before = f.clone();
+            let end = 380;
+            let c = compute_in_place(&mut f, 14, ihl, v6, end);
+            assert_eq!(f, before, "frame restored");
+            assert_eq!(c, compute(&f[14..end - 4], ihl, v6));
+        }
     }
 }
