@@ -35,7 +35,7 @@ pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
                 .map_err(std::io::Error::from)
                 .and_then(|_| out.write_all(b"\n"))
         } else {
-            writeln!(out, "{}", frame_line(f.number, &parsed))
+            writeln!(out, "{}", text_line(&f, &parsed))
         };
         if let Err(e) = r {
             if e.kind() == std::io::ErrorKind::BrokenPipe {
@@ -51,9 +51,56 @@ pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
 }
 
 /// Why a frame is not a RoCEv2 packet, or the packet.
+#[allow(clippy::large_enum_variant)] // short-lived, one per frame
 pub enum Decoded<'a> {
     Frame(ParsedFrame<'a>),
     Bad(String),
+}
+
+/// For a frame that is not RoCEv2: what it is, as far as the headers tell (for the text line).
+fn summary(f: &CapturedFrame) -> Option<String> {
+    use rocemu_wire::eth::{EthernetRepr, ETHERTYPE_ARP, ETHERTYPE_IPV4, ETHERTYPE_IPV6};
+    use rocemu_wire::ip::{Ipv4Repr, Ipv6Repr};
+    if f.link != LinkType::Ethernet {
+        return None;
+    }
+    let (eth, l3) = EthernetRepr::parse(&f.data).ok()?;
+    let rest = &f.data[l3..];
+    let (src, dst, proto, l4) = match eth.ethertype {
+        ETHERTYPE_ARP => return Some(format!("{} → {} ARP", eth.src, eth.dst)),
+        ETHERTYPE_IPV4 => {
+            let (r, d) = Ipv4Repr::parse(rest).ok()?;
+            (
+                r.src.to_string(),
+                r.dst.to_string(),
+                r.protocol,
+                &d[r.header_len..],
+            )
+        }
+        ETHERTYPE_IPV6 => {
+            let (r, d) = Ipv6Repr::parse(rest).ok()?;
+            (
+                format!("[{}]", r.src),
+                format!("[{}]", r.dst),
+                r.next_header,
+                &d[40..],
+            )
+        }
+        _ => return None,
+    };
+    let name = match proto {
+        1 => "ICMP",
+        6 => "TCP",
+        17 => "UDP",
+        58 => "ICMPv6",
+        _ => return Some(format!("{src} → {dst} IP protocol {proto}")),
+    };
+    if (proto == 6 || proto == 17) && l4.len() >= 4 {
+        let sp = u16::from_be_bytes([l4[0], l4[1]]);
+        let dp = u16::from_be_bytes([l4[2], l4[3]]);
+        return Some(format!("{src}:{sp} → {dst}:{dp} {name}"));
+    }
+    Some(format!("{src} → {dst} {name}"))
 }
 
 pub fn parse_captured(f: &CapturedFrame) -> Decoded<'_> {
@@ -65,6 +112,14 @@ pub fn parse_captured(f: &CapturedFrame) -> Decoded<'_> {
     match r {
         Ok(p) => Decoded::Frame(p),
         Err(e) => Decoded::Bad(e.to_string()),
+    }
+}
+
+/// The text line of a frame: the RoCE one-liner, or what the frame is and why it is not RoCE.
+pub fn text_line(f: &CapturedFrame, d: &Decoded<'_>) -> String {
+    match (d, summary(f)) {
+        (Decoded::Bad(why), Some(s)) => format!("{} {s} -- {why}", f.number),
+        _ => frame_line(f.number, d),
     }
 }
 

@@ -11,7 +11,12 @@ fn write_first(payload: usize) -> (FrameRepr, Vec<u8>) {
     let mut bth = BthRepr::new(Opcode::RC_RDMA_WRITE_FIRST, Qpn::new(0x11), Psn::new(100));
     bth.pad = rocemu_wire::frame::pad_for(payload);
     let r = FrameRepr {
-        eth: EthernetRepr { dst: Mac([2, 0, 0, 0, 0, 2]), src: Mac([2, 0, 0, 0, 0, 1]), vlan: None, ethertype: 0 },
+        eth: EthernetRepr {
+            dst: Mac([2, 0, 0, 0, 0, 2]),
+            src: Mac([2, 0, 0, 0, 0, 1]),
+            vlan: None,
+            ethertype: 0,
+        },
         ip: IpRepr::V4(Ipv4Repr {
             src: "10.0.0.1".parse().unwrap(),
             dst: "10.0.0.2".parse().unwrap(),
@@ -29,7 +34,11 @@ fn write_first(payload: usize) -> (FrameRepr, Vec<u8>) {
         dport: ROCEV2_UDP_PORT,
         bth,
         ext: ExtHeaders {
-            reth: Some(RethRepr { va: 0x7f00_0000_1000, rkey: RKey(0x1234), dma_len: 65536 }),
+            reth: Some(RethRepr {
+                va: 0x7f00_0000_1000,
+                rkey: RKey(0x1234),
+                dma_len: 65536,
+            }),
             ..Default::default()
         },
     };
@@ -49,7 +58,9 @@ fn parse(c: &mut Criterion) {
             black_box((p.bth.psn, p.ext.reth, p.payload.len()))
         })
     });
-    g.bench_function("bth+reth+icrc_check/1024B", |b| b.iter(|| black_box(parse_frame(black_box(&frame)).unwrap().icrc_ok())));
+    g.bench_function("bth+reth+icrc_check/1024B", |b| {
+        b.iter(|| black_box(parse_frame(black_box(&frame)).unwrap().icrc_ok()))
+    });
     g.finish();
 }
 
@@ -60,9 +71,11 @@ fn build(c: &mut Criterion) {
         let (r, frame) = write_first(payload);
         let data = vec![0xabu8; payload];
         let mut buf = vec![0u8; frame.len()];
-        g.bench_with_input(BenchmarkId::new("write_first+icrc", payload), &payload, |b, _| {
-            b.iter(|| black_box(r.emit_with_payload(black_box(&mut buf), &data).unwrap()))
-        });
+        g.bench_with_input(
+            BenchmarkId::new("write_first+icrc", payload),
+            &payload,
+            |b, _| b.iter(|| black_box(r.emit_with_payload(black_box(&mut buf), &data).unwrap())),
+        );
     }
     g.finish();
 }
@@ -74,7 +87,10 @@ fn icrc_vs_plain(c: &mut Criterion) {
         let payload = size - 20 - 8 - 12 - 16;
         let (_, frame) = write_first(payload);
         let dg = &frame[14..frame.len() - 4];
-        assert_eq!(dg.len() + rocemu_wire::frame::pad_for(payload) as usize, size);
+        assert_eq!(
+            dg.len() + rocemu_wire::frame::pad_for(payload) as usize,
+            size
+        );
         g.throughput(Throughput::Bytes(dg.len() as u64));
         g.bench_with_input(BenchmarkId::new("icrc", size), &size, |b, _| {
             b.iter(|| black_box(icrc::compute(black_box(dg), 20, false)))
@@ -82,7 +98,15 @@ fn icrc_vs_plain(c: &mut Criterion) {
         let mut owned = frame.clone();
         let end = owned.len();
         g.bench_with_input(BenchmarkId::new("icrc_in_place", size), &size, |b, _| {
-            b.iter(|| black_box(icrc::compute_in_place(black_box(&mut owned), 14, 20, false, end)))
+            b.iter(|| {
+                black_box(icrc::compute_in_place(
+                    black_box(&mut owned),
+                    14,
+                    20,
+                    false,
+                    end,
+                ))
+            })
         });
         g.bench_with_input(BenchmarkId::new("plain_crc32fast", size), &size, |b, _| {
             b.iter(|| black_box(crc32fast::hash(black_box(dg))))

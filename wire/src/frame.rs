@@ -231,11 +231,33 @@ fn parse_l3(eth: EthernetRepr, frame: &[u8], l3: usize) -> Result<ParsedFrame<'_
     })
 }
 
-/// The UDP source port for a QP, as rxe derives it: 0xC000 | the top 14 bits of
-/// `qpn × 0x61C88647` (the kernel's `hash_32`). Annex A17.5.1.1 only asks that the port be
-/// fixed per QP and drawn from the dynamic range, so that ECMP keeps a flow on one path.
+/// The UDP source port of a QP without a peer (UD, QP1), as rxe derives it: 0xC000 | the top
+/// 14 bits of `qpn × 0x61C88647` (the kernel's `hash_32`). Annex A17.5.1.1 only asks that the
+/// port be fixed per flow and drawn from 0xC000..=0xFFFF, so that ECMP keeps a flow on one path.
 pub fn udp_sport_for_qpn(qpn: Qpn) -> u16 {
     0xc000 | (qpn.value().wrapping_mul(0x61c8_8647) >> 18) as u16
+}
+
+/// The RoCEv2 flow label of a connection when none was set: the kernel's
+/// `rdma_calc_flow_label(lqpn, rqpn)`.
+pub fn flow_label_for(lqpn: Qpn, rqpn: Qpn) -> u32 {
+    let mut v = lqpn.value() as u64 * rqpn.value() as u64;
+    v ^= v >> 20;
+    v ^= v >> 40;
+    (v & 0xf_ffff) as u32
+}
+
+/// The UDP source port of a connected QP (RC, UC), as rxe and the kernel's
+/// `rdma_get_udp_sport` derive it from the flow label (computed from both QPNs when 0): the low
+/// 14 bits folded with the high 6, in 0xC000..=0xFFFF. Both ends of a QP pair use the same port.
+pub fn udp_sport_for_flow(flow_label: u32, lqpn: Qpn, rqpn: Qpn) -> u16 {
+    let fl = if flow_label & 0xf_ffff == 0 {
+        flow_label_for(lqpn, rqpn)
+    } else {
+        flow_label & 0xf_ffff
+    };
+    let lo = (fl & 0x3fff) ^ ((fl & 0xf_c000) >> 14);
+    0xc000 | lo as u16
 }
 
 /// Everything needed to build one frame: the headers as values. The payload comes separately.

@@ -54,7 +54,13 @@ pub fn compute(datagram: &[u8], ip_header_len: usize, ipv6: bool) -> u32 {
 /// the builder and a receive path that owns its buffer use; it costs what a plain CRC of the
 /// same bytes costs. `end` is the offset just past the ICRC. Needs `l3 >= 8` (any Ethernet
 /// frame); the caller guarantees that the IP, UDP and BTH headers lie within `frame[..end]`.
-pub fn compute_in_place(frame: &mut [u8], l3: usize, ip_header_len: usize, ipv6: bool, end: usize) -> u32 {
+pub fn compute_in_place(
+    frame: &mut [u8],
+    l3: usize,
+    ip_header_len: usize,
+    ipv6: bool,
+    end: usize,
+) -> u32 {
     debug_assert!(l3 >= 8);
     let u = l3 + ip_header_len;
     let mut saved_lrh = [0u8; 8];

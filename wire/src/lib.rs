@@ -18,6 +18,8 @@ pub mod capture;
 mod error;
 pub mod eth;
 pub mod frame;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod headers;
 pub mod icrc;
 pub mod ip;
@@ -25,7 +27,10 @@ pub mod opcode;
 pub mod types;
 
 pub use error::{BuildError, Error, Layer};
-pub use frame::{parse_frame, udp_sport_for_qpn, FrameRepr, IpRepr, ParsedFrame, ROCEV2_UDP_PORT};
+pub use frame::{
+    flow_label_for, parse_frame, udp_sport_for_flow, udp_sport_for_qpn, FrameRepr, IpRepr,
+    ParsedFrame, ROCEV2_UDP_PORT,
+};
 pub use headers::{
     AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, ExtHeaders, FethRepr, RethRepr,
 };

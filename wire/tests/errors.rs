@@ -35,7 +35,12 @@ fn v6() -> IpRepr {
 
 fn repr(ip: IpRepr, op: Opcode) -> FrameRepr {
     FrameRepr {
-        eth: EthernetRepr { dst: Mac([2, 0, 0, 0, 0, 2]), src: Mac([2, 0, 0, 0, 0, 1]), vlan: None, ethertype: 0 },
+        eth: EthernetRepr {
+            dst: Mac([2, 0, 0, 0, 0, 2]),
+            src: Mac([2, 0, 0, 0, 0, 1]),
+            vlan: None,
+            ethertype: 0,
+        },
         ip,
         sport: 0xc000,
         dport: ROCEV2_UDP_PORT,
@@ -48,7 +53,11 @@ fn repr(ip: IpRepr, op: Opcode) -> FrameRepr {
 fn send_v4() -> Vec<u8> {
     let r = repr(v4(), Opcode::RC_SEND_ONLY);
     let mut b = vec![0; 66];
-    assert_eq!(r.emit_with_payload(&mut b, &[1, 2, 3, 4, 5, 6, 7, 8]).unwrap(), 66);
+    assert_eq!(
+        r.emit_with_payload(&mut b, &[1, 2, 3, 4, 5, 6, 7, 8])
+            .unwrap(),
+        66
+    );
     b
 }
 
@@ -69,10 +78,24 @@ fn valid_baseline() {
 #[test]
 fn truncated_ethernet_and_vlan() {
     let e = parse_frame(&[0u8; 13]).unwrap_err();
-    assert_eq!(e, Error::Truncated { layer: Layer::Ethernet, need: 14, have: 13 });
+    assert_eq!(
+        e,
+        Error::Truncated {
+            layer: Layer::Ethernet,
+            need: 14,
+            have: 13
+        }
+    );
     let mut b = [0u8; 16];
     b[12] = 0x81;
-    assert_eq!(parse_frame(&b).unwrap_err(), Error::Truncated { layer: Layer::Vlan, need: 18, have: 16 });
+    assert_eq!(
+        parse_frame(&b).unwrap_err(),
+        Error::Truncated {
+            layer: Layer::Vlan,
+            need: 18,
+            have: 16
+        }
+    );
 }
 
 #[test]
@@ -88,28 +111,60 @@ fn not_ip() {
 fn ip_version_disagrees_with_ethertype() {
     let mut b = send_v4();
     b[14] = 0x65;
-    assert_eq!(parse_frame(&b).unwrap_err(), Error::IpVersion { ethertype: 0x0800, version: 6 });
+    assert_eq!(
+        parse_frame(&b).unwrap_err(),
+        Error::IpVersion {
+            ethertype: 0x0800,
+            version: 6
+        }
+    );
 }
 
 #[test]
 fn short_ipv4_header_and_bad_ihl() {
     let b = send_v4();
-    assert_eq!(parse_frame(&b[..30]).unwrap_err(), Error::Truncated { layer: Layer::Ipv4, need: 20, have: 16 });
+    assert_eq!(
+        parse_frame(&b[..30]).unwrap_err(),
+        Error::Truncated {
+            layer: Layer::Ipv4,
+            need: 20,
+            have: 16
+        }
+    );
     let mut c = b.clone();
     c[14] = 0x43;
-    assert!(matches!(parse_frame(&c).unwrap_err(), Error::BadIpv4HeaderLength { ihl: 3, .. }));
+    assert!(matches!(
+        parse_frame(&c).unwrap_err(),
+        Error::BadIpv4HeaderLength { ihl: 3, .. }
+    ));
     // IHL 15 (60 bytes) but total length 52.
     let mut c = b.clone();
     c[14] = 0x4f;
-    assert!(matches!(parse_frame(&c).unwrap_err(), Error::BadIpv4HeaderLength { ihl: 15, total_len: 52 }));
+    assert!(matches!(
+        parse_frame(&c).unwrap_err(),
+        Error::BadIpv4HeaderLength {
+            ihl: 15,
+            total_len: 52
+        }
+    ));
 }
 
 #[test]
 fn ipv4_total_length_beyond_capture() {
     let b = send_v4();
     let e = parse_frame(&b[..60]).unwrap_err();
-    assert_eq!(e, Error::IpLengthExceedsFrame { v6: false, claimed: 52, captured: 46 });
-    assert_eq!(e.to_string(), "truncated: IPv4 total length 52 > 46 captured");
+    assert_eq!(
+        e,
+        Error::IpLengthExceedsFrame {
+            v6: false,
+            claimed: 52,
+            captured: 46
+        }
+    );
+    assert_eq!(
+        e.to_string(),
+        "truncated: IPv4 total length 52 > 46 captured"
+    );
 }
 
 #[test]
@@ -118,8 +173,17 @@ fn ipv6_payload_length_beyond_capture() {
     let mut b = vec![0; r.frame_len(8)];
     r.emit_with_payload(&mut b, &[9; 8]).unwrap();
     let e = parse_frame(&b[..b.len() - 1]).unwrap_err();
-    assert_eq!(e, Error::IpLengthExceedsFrame { v6: true, claimed: 32, captured: 31 });
-    assert!(e.to_string().starts_with("truncated: IPv6 payload length 32"));
+    assert_eq!(
+        e,
+        Error::IpLengthExceedsFrame {
+            v6: true,
+            claimed: 32,
+            captured: 31
+        }
+    );
+    assert!(e
+        .to_string()
+        .starts_with("truncated: IPv6 payload length 32"));
 }
 
 #[test]
@@ -128,7 +192,13 @@ fn ipv4_fragments_are_refused() {
     b[20] = 0x00;
     b[21] = 0x10; // offset 16 × 8
     fix_v4_checksum(&mut b);
-    assert_eq!(parse_frame(&b).unwrap_err(), Error::Ipv4Fragment { offset: 16, more: false });
+    assert_eq!(
+        parse_frame(&b).unwrap_err(),
+        Error::Ipv4Fragment {
+            offset: 16,
+            more: false
+        }
+    );
 }
 
 #[test]
@@ -163,16 +233,33 @@ fn udp_header_truncated_by_ip_length() {
     let mut b = send_v4();
     b[16..18].copy_from_slice(&24u16.to_be_bytes()); // total length: header + 4 bytes
     fix_v4_checksum(&mut b);
-    assert_eq!(parse_frame(&b).unwrap_err(), Error::Truncated { layer: Layer::Udp, need: 8, have: 4 });
+    assert_eq!(
+        parse_frame(&b).unwrap_err(),
+        Error::Truncated {
+            layer: Layer::Udp,
+            need: 8,
+            have: 4
+        }
+    );
 }
 
 #[test]
 fn udp_length_must_match_ip_payload() {
-    for (ulen, text) in [(40u16, "UDP length 40 > IP payload 32"), (30, "UDP length 30 < IP payload 32"), (4, "bad UDP length 4")] {
+    for (ulen, text) in [
+        (40u16, "UDP length 40 > IP payload 32"),
+        (30, "UDP length 30 < IP payload 32"),
+        (4, "bad UDP length 4"),
+    ] {
         let mut b = send_v4();
         b[38..40].copy_from_slice(&ulen.to_be_bytes());
         let e = parse_frame(&b).unwrap_err();
-        assert_eq!(e, Error::UdpLength { udp_len: ulen, ip_payload: 32 });
+        assert_eq!(
+            e,
+            Error::UdpLength {
+                udp_len: ulen,
+                ip_payload: 32
+            }
+        );
         assert!(e.to_string().contains(text), "{e}");
     }
 }
@@ -184,7 +271,14 @@ fn bth_truncated() {
     b[16..18].copy_from_slice(&38u16.to_be_bytes());
     b[38..40].copy_from_slice(&18u16.to_be_bytes());
     fix_v4_checksum(&mut b);
-    assert_eq!(parse_frame(&b).unwrap_err(), Error::Truncated { layer: Layer::Bth, need: 12, have: 10 });
+    assert_eq!(
+        parse_frame(&b).unwrap_err(),
+        Error::Truncated {
+            layer: Layer::Bth,
+            need: 12,
+            have: 10
+        }
+    );
 }
 
 #[test]
@@ -203,7 +297,14 @@ fn headers_of_the_layout_must_fit() {
     // An RC RDMA WRITE FIRST needs 12 + 16 + 4 bytes; this one has 12 + 8 + 4.
     let mut b = send_v4();
     b[42] = 0x06;
-    assert_eq!(parse_frame(&b).unwrap_err(), Error::Truncated { layer: Layer::Transport, need: 32, have: 24 });
+    assert_eq!(
+        parse_frame(&b).unwrap_err(),
+        Error::Truncated {
+            layer: Layer::Transport,
+            need: 32,
+            have: 24
+        }
+    );
 }
 
 #[test]
@@ -237,7 +338,10 @@ fn build_errors() {
     let mut b = vec![0; 200];
     assert_eq!(
         r.emit_with_payload(&mut b, &[0; 8]).unwrap_err(),
-        BuildError::LayoutMismatch { opcode: 0x0a, header: "RETH" }
+        BuildError::LayoutMismatch {
+            opcode: 0x0a,
+            header: "RETH"
+        }
     );
     let mut r = repr(v4(), Opcode::RC_SEND_ONLY);
     assert_eq!(
@@ -245,13 +349,25 @@ fn build_errors() {
         BuildError::BufferTooSmall { need: 66, have: 60 }
     );
     r.ext.imm = Some(1);
-    assert!(matches!(r.emit_with_payload(&mut b, &[0; 8]), Err(BuildError::LayoutMismatch { header: "ImmDt", .. })));
+    assert!(matches!(
+        r.emit_with_payload(&mut b, &[0; 8]),
+        Err(BuildError::LayoutMismatch {
+            header: "ImmDt",
+            ..
+        })
+    ));
     r.ext.imm = None;
     r.bth.pad = 4;
-    assert_eq!(r.emit_with_payload(&mut b, &[0; 8]).unwrap_err(), BuildError::Invalid("pad count above 3"));
+    assert_eq!(
+        r.emit_with_payload(&mut b, &[0; 8]).unwrap_err(),
+        BuildError::Invalid("pad count above 3")
+    );
     r.bth.pad = 0;
     let mut big = vec![0; 70_000];
-    assert!(matches!(r.emit_with_payload(&mut big, &[0; 65_500]), Err(BuildError::TooLong { .. })));
+    assert!(matches!(
+        r.emit_with_payload(&mut big, &[0; 65_500]),
+        Err(BuildError::TooLong { .. })
+    ));
 }
 
 #[test]
@@ -260,5 +376,25 @@ fn udp_source_port_from_qpn_like_rxe() {
         let p = udp_sport_for_qpn(Qpn::new(q));
         assert!(p >= 0xc000, "{p:#x}");
     }
-    assert_ne!(udp_sport_for_qpn(Qpn::new(0x11)), udp_sport_for_qpn(Qpn::new(0x12)));
+    assert_ne!(
+        udp_sport_for_qpn(Qpn::new(0x11)),
+        udp_sport_for_qpn(Qpn::new(0x12))
+    );
+    for (l, r) in [
+        (0x11u32, 0x12u32),
+        (0xabcdef, 0x123456),
+        (0xffffff, 0xffffff),
+    ] {
+        let (a, b) = (Qpn::new(l), Qpn::new(r));
+        assert_eq!(
+            udp_sport_for_flow(0, a, b),
+            udp_sport_for_flow(0, b, a),
+            "both ends agree"
+        );
+        assert!(udp_sport_for_flow(0, a, b) >= 0xc000);
+    }
+    assert_eq!(
+        udp_sport_for_flow(0x12345, Qpn::new(1), Qpn::new(2)),
+        0xc000 | (0x2345 ^ 0x4)
+    );
 }

@@ -16,8 +16,16 @@ fn arb_opcode() -> impl Strategy<Value = Opcode> {
 
 fn arb_ip() -> impl Strategy<Value = IpRepr> {
     prop_oneof![
-        (any::<u32>(), any::<u32>(), 0u8..64, 0u8..4, any::<u16>(), any::<bool>(), any::<u8>()).prop_map(
-            |(s, d, dscp, ecn, ident, df, ttl)| IpRepr::V4(Ipv4Repr {
+        (
+            any::<u32>(),
+            any::<u32>(),
+            0u8..64,
+            0u8..4,
+            any::<u16>(),
+            any::<bool>(),
+            any::<u8>()
+        )
+            .prop_map(|(s, d, dscp, ecn, ident, df, ttl)| IpRepr::V4(Ipv4Repr {
                 src: Ipv4Addr::from(s),
                 dst: Ipv4Addr::from(d),
                 dscp,
@@ -29,10 +37,16 @@ fn arb_ip() -> impl Strategy<Value = IpRepr> {
                 checksum: 0,
                 header_len: 20,
                 total_len: 0,
-            })
-        ),
-        (any::<u128>(), any::<u128>(), 0u8..64, 0u8..4, 0u32..(1 << 20), any::<u8>()).prop_map(
-            |(s, d, dscp, ecn, fl, hl)| IpRepr::V6(Ipv6Repr {
+            })),
+        (
+            any::<u128>(),
+            any::<u128>(),
+            0u8..64,
+            0u8..4,
+            0u32..(1 << 20),
+            any::<u8>()
+        )
+            .prop_map(|(s, d, dscp, ecn, fl, hl)| IpRepr::V6(Ipv6Repr {
                 src: Ipv6Addr::from(s),
                 dst: Ipv6Addr::from(d),
                 dscp,
@@ -41,8 +55,7 @@ fn arb_ip() -> impl Strategy<Value = IpRepr> {
                 payload_len: 0,
                 next_header: 17,
                 hop_limit: hl,
-            })
-        ),
+            })),
     ]
 }
 
