@@ -1,0 +1,19 @@
+//! The RoCEmu RNIC.
+//!
+//! * [`rnic`] is the sans-IO core: it never reads a clock, opens a socket, spawns a thread or
+//!   draws its own randomness. Frames come in through [`rnic::Rnic::handle_frame`], go out
+//!   through [`rnic::Rnic::poll_transmit`]; deadlines come out of [`rnic::Rnic::poll_timeout`]
+//!   and are served by [`rnic::Rnic::handle_timeout`]. Randomness (keys, QPNs, initial PSNs)
+//!   comes from the seed given at creation, so every run replays from its seed.
+//! * [`port`] moves whole Ethernet frames: the in-process wire with a virtual clock and seeded
+//!   impairments lives here.
+#![forbid(unsafe_code)]
+
+pub mod port;
+pub mod rng;
+pub mod rnic;
+pub mod sim;
+pub mod time;
+
+pub use rnic::Rnic;
+pub use time::Nanos;

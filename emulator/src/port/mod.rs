@@ -1,0 +1,2 @@
+//! Ports move whole Ethernet frames. The in-process wire lives in [`wire`].
+pub mod wire;

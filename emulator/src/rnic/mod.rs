@@ -1,0 +1,961 @@
+//! The sans-IO RNIC core.
+//!
+//! Work flows through it like a hardware pipeline (DESIGN.md):
+//!
+//! ```text
+//! rx:  parse + ICRC → QP lookup → transport checks → execute → ACK/NAK → completion   handle_frame
+//! tx:  doorbell → WQE fetch → segmentation by path MTU → headers → ICRC → port        poll_transmit
+//! completer: ACK / NAK / read responses, retransmit and RNR timers, go-back-N        handle_frame, handle_timeout
+//! ```
+//!
+//! Invariants: nothing here reads a clock (every entry point takes `now`), opens a socket or
+//! spawns a thread; randomness comes from the seed in [`RnicConfig`]; `handle_timeout(now)` is
+//! idempotent; a frame from the wire, whatever it holds, is answered per the spec or dropped and
+//! counted — never a panic, never a byte outside a memory region.
+mod completer;
+pub mod mr;
+mod qp;
+mod requester;
+mod responder;
+pub mod state;
+pub mod verbs;
+
+use crate::rng::Rng;
+use crate::time::Nanos;
+use mr::{KeyMap, MemTable, MrInfo};
+use qp::{Qp, RecvWqe, SendWqe};
+use rocemu_wire::eth::EthernetRepr;
+use rocemu_wire::frame::{IpRepr, ParsedFrame};
+use rocemu_wire::ip::{Ipv4Repr, Ipv6Repr};
+use rocemu_wire::opcode::Transport;
+use rocemu_wire::{
+    parse_frame, BthRepr, ExtHeaders, FrameRepr, PKey, Psn, QKey, Qpn, ROCEV2_UDP_PORT,
+};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::net::IpAddr;
+pub use verbs::*;
+
+/// How an RNIC is set up.
+#[derive(Debug, Clone)]
+pub struct RnicConfig {
+    pub mac: Mac,
+    /// Its addresses; GID index i is `ips[i]` (IPv4 as an IPv4-mapped GID).
+    pub ips: Vec<IpAddr>,
+    /// The Ethernet MTU of its port (1500 gives an active MTU of 1024, as with rxe).
+    pub eth_mtu: usize,
+    /// Seeds keys, QPNs and initial PSNs.
+    pub seed: u64,
+    /// Verify the ICRC of every received packet (drop on mismatch, IBTA A17.3.3).
+    pub check_icrc: bool,
+}
+
+impl RnicConfig {
+    pub fn new(mac: Mac, ip: IpAddr, seed: u64) -> RnicConfig {
+        RnicConfig {
+            mac,
+            ips: vec![ip],
+            eth_mtu: 9000,
+            seed,
+            check_icrc: true,
+        }
+    }
+}
+
+/// Event counters, in the spirit of rdma's `hw_counters`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub tx_packets: u64,
+    pub tx_bytes: u64,
+    pub rx_packets: u64,
+    pub rx_bytes: u64,
+    /// Request packets sent again (go-back-N, timeouts, RNR).
+    pub retransmits: u64,
+    pub local_ack_timeouts: u64,
+    pub naks_sent: u64,
+    pub naks_received: u64,
+    pub rnr_naks_sent: u64,
+    pub rnr_naks_received: u64,
+    pub seq_errors: u64,
+    pub duplicate_requests: u64,
+    pub rx_icrc_errors: u64,
+    pub rx_malformed: u64,
+    pub rx_not_ours: u64,
+    pub rx_no_qp: u64,
+    pub rx_dropped: u64,
+    pub cnp_received: u64,
+    pub cq_overflows: u64,
+}
+
+/// A completion queue.
+#[derive(Debug)]
+pub(crate) struct Cq {
+    pub q: VecDeque<Wc>,
+    pub depth: usize,
+    pub overflowed: bool,
+}
+
+/// Everything but the QPs, so that a QP and the device can be borrowed at once.
+#[derive(Debug)]
+pub(crate) struct Dev {
+    pub cfg: RnicConfig,
+    pub rng: Rng,
+    pub mem: MemTable,
+    pub cqs: Vec<Option<Cq>>,
+    pub neighbors: HashMap<IpAddr, Mac>,
+    pub ip_ident: u16,
+    pub counters: Counters,
+    pub active_mtu: Mtu,
+}
+
+impl Dev {
+    pub fn push_wc(&mut self, cq: CqId, wc: Wc) {
+        if let Some(Some(c)) = self.cqs.get_mut(cq.0 as usize) {
+            if c.q.len() >= c.depth {
+                c.overflowed = true;
+                self.counters.cq_overflows += 1;
+            } else {
+                c.q.push_back(wc);
+            }
+        }
+    }
+
+    /// The frame headers for a packet of `qp` to its destination (or a UD destination).
+    pub fn frame_for(
+        &mut self,
+        qp: &Qp,
+        av: &AhAttr,
+        dmac: Mac,
+        bth: BthRepr,
+        ext: ExtHeaders,
+    ) -> FrameRepr {
+        let dst = av.dgid.ip();
+        let src = self
+            .cfg
+            .ips
+            .get(av.sgid_index as usize)
+            .copied()
+            .unwrap_or(self.cfg.ips[0]);
+        let ip = match (src, dst) {
+            (IpAddr::V4(s), IpAddr::V4(d)) => {
+                self.ip_ident = self.ip_ident.wrapping_add(1);
+                IpRepr::V4(Ipv4Repr {
+                    src: s,
+                    dst: d,
+                    dscp: av.traffic_class >> 2,
+                    ecn: av.traffic_class & 3,
+                    ident: self.ip_ident,
+                    dont_frag: true,
+                    ttl: if av.hop_limit == 0 { 64 } else { av.hop_limit },
+                    protocol: 17,
+                    checksum: 0,
+                    header_len: 20,
+                    total_len: 0,
+                })
+            }
+            (s, d) => IpRepr::V6(Ipv6Repr {
+                src: match s {
+                    IpAddr::V6(a) => a,
+                    IpAddr::V4(a) => a.to_ipv6_mapped(),
+                },
+                dst: match d {
+                    IpAddr::V6(a) => a,
+                    IpAddr::V4(a) => a.to_ipv6_mapped(),
+                },
+                dscp: av.traffic_class >> 2,
+                ecn: av.traffic_class & 3,
+                flow_label: av.flow_label,
+                payload_len: 0,
+                next_header: 17,
+                hop_limit: if av.hop_limit == 0 { 64 } else { av.hop_limit },
+            }),
+        };
+        FrameRepr {
+            eth: EthernetRepr {
+                dst: dmac,
+                src: self.cfg.mac,
+                vlan: None,
+                ethertype: 0,
+            },
+            ip,
+            // rxe's choice (Annex A17.5.1.1 only asks for a port fixed per flow).
+            sport: match qp.qp_type {
+                QpType::Ud => rocemu_wire::udp_sport_for_qpn(qp.qpn),
+                _ => rocemu_wire::udp_sport_for_flow(av.flow_label, qp.qpn, qp.attr.dest_qp_num),
+            },
+            dport: ROCEV2_UDP_PORT,
+            bth,
+            ext,
+        }
+    }
+
+    pub fn resolve(&self, av: &AhAttr) -> Option<Mac> {
+        av.dmac
+            .or_else(|| self.neighbors.get(&av.dgid.ip()).copied())
+    }
+}
+
+/// A software RoCEv2 RNIC: verbs objects, QP state machines and the transport, sans-IO.
+#[derive(Debug)]
+pub struct Rnic {
+    pub(crate) dev: Dev,
+    pub(crate) qps: Vec<Option<Qp>>,
+    qp_by_num: KeyMap<usize>,
+    tx_sched: VecDeque<usize>,
+    timers: BinaryHeap<Reverse<(Nanos, usize)>>,
+    attr: DeviceAttr,
+}
+
+const DEVICE_ATTR: DeviceAttr = DeviceAttr {
+    fw_ver: "0.1.0",
+    vendor_id: 0x000000,
+    vendor_part_id: 0x524f, // "RO"
+    max_qp: 1 << 17,
+    max_qp_wr: 1 << 14,
+    max_sge: 32,
+    max_cq: 1 << 17,
+    max_cqe: 1 << 20,
+    max_mr: 1 << 17,
+    max_mr_size: 1 << 32,
+    max_pd: 1 << 16,
+    max_qp_rd_atom: 128,
+    max_qp_init_rd_atom: 128,
+    max_srq: 0,
+    max_srq_wr: 0,
+    atomic_cap_hca: true,
+    max_pkeys: 1,
+};
+
+impl Rnic {
+    pub fn new(cfg: RnicConfig) -> Rnic {
+        assert!(!cfg.ips.is_empty(), "an RNIC needs at least one address");
+        let rng = Rng::new(cfg.seed);
+        let active_mtu = Mtu::for_netdev_mtu(cfg.eth_mtu);
+        Rnic {
+            dev: Dev {
+                cfg,
+                rng,
+                mem: MemTable::default(),
+                cqs: Vec::new(),
+                neighbors: HashMap::new(),
+                ip_ident: 0,
+                counters: Counters::default(),
+                active_mtu,
+            },
+            qps: Vec::new(),
+            qp_by_num: KeyMap::default(),
+            tx_sched: VecDeque::new(),
+            timers: BinaryHeap::new(),
+            attr: DEVICE_ATTR,
+        }
+    }
+
+    // ---- device ------------------------------------------------------------------------
+
+    /// `ibv_query_device`.
+    pub fn query_device(&self) -> DeviceAttr {
+        self.attr
+    }
+    pub fn mac(&self) -> Mac {
+        self.dev.cfg.mac
+    }
+    /// The GID at `index` (`ibv_query_gid`).
+    pub fn gid(&self, index: usize) -> Option<Gid> {
+        self.dev.cfg.ips.get(index).map(|ip| Gid::from_ip(*ip))
+    }
+    pub fn ips(&self) -> &[IpAddr] {
+        &self.dev.cfg.ips
+    }
+    /// The port's active MTU (`ibv_query_port`).
+    pub fn active_mtu(&self) -> Mtu {
+        self.dev.active_mtu
+    }
+    pub fn counters(&self) -> Counters {
+        self.dev.counters
+    }
+    /// Tells the RNIC the MAC of a peer address (the engine's neighbour table feeds this).
+    pub fn set_neighbor(&mut self, ip: IpAddr, mac: Mac) {
+        self.dev.neighbors.insert(ip, mac);
+    }
+
+    // ---- PD, MR, CQ ------------------------------------------------------------------------
+
+    /// `ibv_alloc_pd`.
+    pub fn alloc_pd(&mut self) -> PdId {
+        self.dev.mem.alloc_pd()
+    }
+
+    /// `ibv_reg_mr` of `length` zeroed bytes owned by the RNIC, at a virtual address it picks.
+    pub fn reg_mr(
+        &mut self,
+        pd: PdId,
+        length: usize,
+        access: Access,
+    ) -> Result<MrInfo, VerbsError> {
+        let addr = 0x7f00_0000_0000u64 + (self.dev.rng.below(1 << 28) << 12);
+        self.reg_mr_at(pd, addr, length, access)
+    }
+
+    /// `ibv_reg_mr` at a virtual address the caller picks.
+    pub fn reg_mr_at(
+        &mut self,
+        pd: PdId,
+        addr: u64,
+        length: usize,
+        access: Access,
+    ) -> Result<MrInfo, VerbsError> {
+        if !self.dev.mem.pd_valid(pd) {
+            return Err(VerbsError::NotFound("protection domain"));
+        }
+        if length as u64 > self.attr.max_mr_size {
+            return invalid(format!("MR of {length} bytes exceeds max_mr_size"));
+        }
+        if addr.checked_add(length as u64).is_none() {
+            return invalid("MR wraps the address space");
+        }
+        // IBTA 10.6.3.1: remote write or atomic access needs local write.
+        if (access.contains(Access::REMOTE_WRITE) || access.contains(Access::REMOTE_ATOMIC))
+            && !access.contains(Access::LOCAL_WRITE)
+        {
+            return invalid("REMOTE_WRITE and REMOTE_ATOMIC require LOCAL_WRITE");
+        }
+        if access.0 & !Access::ALL.0 != 0 {
+            return invalid(format!("unknown access flags 0x{:x}", access.0));
+        }
+        Ok(self
+            .dev
+            .mem
+            .register(&mut self.dev.rng, pd, addr, length as u64, access))
+    }
+
+    /// `ibv_dereg_mr`.
+    pub fn dereg_mr(&mut self, lkey: u32) -> Result<(), VerbsError> {
+        self.dev
+            .mem
+            .deregister(lkey)
+            .map(|_| ())
+            .ok_or(VerbsError::NotFound("memory region"))
+    }
+
+    /// The bytes of a region, for the application.
+    pub fn mr_bytes(&self, lkey: u32) -> Option<&[u8]> {
+        self.dev.mem.by_lkey(lkey).map(|m| &m.data[..])
+    }
+    pub fn mr_bytes_mut(&mut self, lkey: u32) -> Option<&mut [u8]> {
+        self.dev.mem.by_lkey_mut(lkey).map(|m| &mut m.data[..])
+    }
+
+    /// `ibv_create_cq`.
+    pub fn create_cq(&mut self, cqe: usize) -> Result<CqId, VerbsError> {
+        if cqe == 0 || cqe > self.attr.max_cqe as usize {
+            return invalid(format!("CQ depth {cqe} not in 1..={}", self.attr.max_cqe));
+        }
+        self.dev.cqs.push(Some(Cq {
+            q: VecDeque::with_capacity(cqe.min(4096)),
+            depth: cqe,
+            overflowed: false,
+        }));
+        Ok(CqId(self.dev.cqs.len() as u32 - 1))
+    }
+
+    /// `ibv_poll_cq`: up to `max` completions, oldest first.
+    pub fn poll_cq(&mut self, cq: CqId, max: usize) -> Vec<Wc> {
+        let mut v = Vec::new();
+        self.poll_cq_into(cq, max, &mut v);
+        v
+    }
+
+    /// `ibv_poll_cq` into a caller's vector (appends); returns how many.
+    pub fn poll_cq_into(&mut self, cq: CqId, max: usize, out: &mut Vec<Wc>) -> usize {
+        let Some(Some(c)) = self.dev.cqs.get_mut(cq.0 as usize) else {
+            return 0;
+        };
+        let n = max.min(c.q.len());
+        out.extend(c.q.drain(..n));
+        n
+    }
+
+    /// True when the CQ lost completions because it was full (`IBV_EVENT_CQ_ERR`).
+    pub fn cq_overflowed(&self, cq: CqId) -> bool {
+        matches!(self.dev.cqs.get(cq.0 as usize), Some(Some(c)) if c.overflowed)
+    }
+
+    // ---- QP ----------------------------------------------------------------------------
+
+    /// `ibv_create_qp`. The QPN is drawn at random (never 0 or 1, which are reserved).
+    pub fn create_qp(&mut self, pd: PdId, init: QpInitAttr) -> Result<Qpn, VerbsError> {
+        if !self.dev.mem.pd_valid(pd) {
+            return Err(VerbsError::NotFound("protection domain"));
+        }
+        for cq in [init.send_cq, init.recv_cq] {
+            if !matches!(self.dev.cqs.get(cq.0 as usize), Some(Some(_))) {
+                return Err(VerbsError::NotFound("completion queue"));
+            }
+        }
+        if init.srq.is_some() {
+            return invalid("shared receive queues are not supported (max_srq = 0)");
+        }
+        let c = init.cap;
+        if c.max_send_wr > self.attr.max_qp_wr || c.max_recv_wr > self.attr.max_qp_wr {
+            return invalid(format!(
+                "queue depth above max_qp_wr {}",
+                self.attr.max_qp_wr
+            ));
+        }
+        if c.max_send_sge > self.attr.max_sge || c.max_recv_sge > self.attr.max_sge {
+            return invalid(format!("SGE count above max_sge {}", self.attr.max_sge));
+        }
+        if self.qp_by_num.len() >= self.attr.max_qp as usize {
+            return Err(VerbsError::NoSpace("max_qp reached"));
+        }
+        let qpn = loop {
+            let q = Qpn::new(self.dev.rng.next_u32());
+            if q.value() > 1 && !self.qp_by_num.contains_key(&q.value()) {
+                break q;
+            }
+        };
+        let slot = self.qps.len();
+        self.qps.push(Some(Qp::new(qpn, pd, &init)));
+        self.qp_by_num.insert(qpn.value(), slot);
+        Ok(qpn)
+    }
+
+    fn slot(&self, qpn: Qpn) -> Result<usize, VerbsError> {
+        self.qp_by_num
+            .get(&qpn.value())
+            .copied()
+            .ok_or(VerbsError::NotFound("queue pair"))
+    }
+
+    fn qp(&self, qpn: Qpn) -> Result<&Qp, VerbsError> {
+        let s = self.slot(qpn)?;
+        self.qps[s]
+            .as_ref()
+            .ok_or(VerbsError::NotFound("queue pair"))
+    }
+
+    /// `ibv_destroy_qp`.
+    pub fn destroy_qp(&mut self, qpn: Qpn) -> Result<(), VerbsError> {
+        let s = self.slot(qpn)?;
+        self.qp_by_num.remove(&qpn.value());
+        self.qps[s] = None;
+        Ok(())
+    }
+
+    /// `ibv_query_qp`: state and attributes.
+    pub fn query_qp(&self, qpn: Qpn) -> Result<QpAttr, VerbsError> {
+        let qp = self.qp(qpn)?;
+        let mut a = qp.attr;
+        a.qp_state = qp.state;
+        a.cur_qp_state = qp.state;
+        Ok(a)
+    }
+
+    pub fn qp_type(&self, qpn: Qpn) -> Result<QpType, VerbsError> {
+        Ok(self.qp(qpn)?.qp_type)
+    }
+
+    pub fn qp_state(&self, qpn: Qpn) -> Result<QpState, VerbsError> {
+        Ok(self.qp(qpn)?.state)
+    }
+
+    /// `ibv_modify_qp`: checks the transition and the mask (see [`state`]), applies the
+    /// attributes, and runs the transition's side effects (ERR flushes, RESET clears).
+    pub fn modify_qp(
+        &mut self,
+        qpn: Qpn,
+        attr: &QpAttr,
+        mask: QpAttrMask,
+    ) -> Result<(), VerbsError> {
+        let slot = self.slot(qpn)?;
+        let Some(qp) = self.qps[slot].as_mut() else {
+            return Err(VerbsError::NotFound("queue pair"));
+        };
+        let cur = qp.state;
+        let new = if mask.contains(QpAttrMask::STATE) {
+            attr.qp_state
+        } else {
+            cur
+        };
+        if mask.contains(QpAttrMask::CUR_STATE) && attr.cur_qp_state != cur {
+            return invalid(format!(
+                "cur_qp_state {:?} but the QP is in {cur:?}",
+                attr.cur_qp_state
+            ));
+        }
+        state::check_transition(qp.qp_type, cur, new, mask.union(QpAttrMask::STATE))?;
+        // Values.
+        if mask.contains(QpAttrMask::PKEY_INDEX) && attr.pkey_index as usize >= PKEY_TABLE.len() {
+            return invalid(format!(
+                "pkey_index {} beyond the P_Key table",
+                attr.pkey_index
+            ));
+        }
+        if mask.contains(QpAttrMask::PORT) && attr.port_num != 1 {
+            return invalid(format!(
+                "port {} does not exist (one port: 1)",
+                attr.port_num
+            ));
+        }
+        if mask.contains(QpAttrMask::PATH_MTU) && attr.path_mtu > self.dev.active_mtu {
+            return invalid(format!(
+                "path MTU {} above the port's active MTU {}",
+                attr.path_mtu.bytes(),
+                self.dev.active_mtu.bytes()
+            ));
+        }
+        if mask.contains(QpAttrMask::RETRY_CNT) && attr.retry_cnt > 7 {
+            return invalid("retry_cnt above 7");
+        }
+        if mask.contains(QpAttrMask::RNR_RETRY) && attr.rnr_retry > 7 {
+            return invalid("rnr_retry above 7");
+        }
+        if mask.contains(QpAttrMask::MIN_RNR_TIMER) && attr.min_rnr_timer > 31 {
+            return invalid("min_rnr_timer above 31");
+        }
+        if mask.contains(QpAttrMask::TIMEOUT) && attr.timeout > 31 {
+            return invalid("timeout above 31");
+        }
+        if mask.contains(QpAttrMask::MAX_QP_RD_ATOMIC)
+            && attr.max_rd_atomic as u32 > self.attr.max_qp_init_rd_atom
+        {
+            return invalid("max_rd_atomic above the device's max_qp_init_rd_atom");
+        }
+        if mask.contains(QpAttrMask::MAX_DEST_RD_ATOMIC)
+            && attr.max_dest_rd_atomic as u32 > self.attr.max_qp_rd_atom
+        {
+            return invalid("max_dest_rd_atomic above the device's max_qp_rd_atom");
+        }
+        if mask.contains(QpAttrMask::ACCESS_FLAGS) && attr.qp_access_flags.0 & !Access::ALL.0 != 0 {
+            return invalid("unknown access flags");
+        }
+        let mut dmac = qp.dmac;
+        if mask.contains(QpAttrMask::AV) {
+            let sgid = attr.ah_attr.sgid_index as usize;
+            let Some(src) = self.dev.cfg.ips.get(sgid) else {
+                return invalid(format!("sgid_index {sgid} beyond the GID table"));
+            };
+            if src.is_ipv4() != attr.ah_attr.dgid.is_v4() {
+                return invalid("source and destination GIDs are of different IP versions");
+            }
+            dmac = match self.dev.resolve(&attr.ah_attr) {
+                Some(m) => m,
+                None => {
+                    return invalid(format!(
+                        "no MAC address for {}: give ah_attr.dmac or add a neighbour",
+                        attr.ah_attr.dgid.ip()
+                    ))
+                }
+            };
+        }
+        // Apply.
+        let a = &mut qp.attr;
+        let has = |m| mask.contains(m);
+        if has(QpAttrMask::PKEY_INDEX) {
+            a.pkey_index = attr.pkey_index;
+        }
+        if has(QpAttrMask::PORT) {
+            a.port_num = attr.port_num;
+        }
+        if has(QpAttrMask::QKEY) {
+            a.qkey = attr.qkey;
+        }
+        if has(QpAttrMask::ACCESS_FLAGS) {
+            a.qp_access_flags = attr.qp_access_flags;
+        }
+        if has(QpAttrMask::AV) {
+            a.ah_attr = attr.ah_attr;
+            qp.dmac = dmac;
+        }
+        if has(QpAttrMask::PATH_MTU) {
+            a.path_mtu = attr.path_mtu;
+        }
+        if has(QpAttrMask::DEST_QPN) {
+            a.dest_qp_num = attr.dest_qp_num;
+        }
+        if has(QpAttrMask::RQ_PSN) {
+            a.rq_psn = attr.rq_psn;
+            qp.epsn = attr.rq_psn;
+        }
+        if has(QpAttrMask::SQ_PSN) {
+            a.sq_psn = attr.sq_psn;
+            qp.req_psn = attr.sq_psn;
+            qp.acked_psn = attr.sq_psn;
+            qp.psn_high_ = attr.sq_psn;
+        }
+        if has(QpAttrMask::MAX_DEST_RD_ATOMIC) {
+            a.max_dest_rd_atomic = attr.max_dest_rd_atomic;
+        }
+        if has(QpAttrMask::MAX_QP_RD_ATOMIC) {
+            a.max_rd_atomic = attr.max_rd_atomic;
+        }
+        if has(QpAttrMask::MIN_RNR_TIMER) {
+            a.min_rnr_timer = attr.min_rnr_timer;
+        }
+        if has(QpAttrMask::TIMEOUT) {
+            a.timeout = attr.timeout;
+        }
+        if has(QpAttrMask::RETRY_CNT) {
+            a.retry_cnt = attr.retry_cnt;
+            qp.retry_left = attr.retry_cnt;
+        }
+        if has(QpAttrMask::RNR_RETRY) {
+            a.rnr_retry = attr.rnr_retry;
+            qp.rnr_left = attr.rnr_retry;
+        }
+        match new {
+            QpState::Reset => {
+                let fresh = Qp::new(
+                    qp.qpn,
+                    qp.pd,
+                    &QpInitAttr {
+                        qp_type: qp.qp_type,
+                        send_cq: qp.send_cq,
+                        recv_cq: qp.recv_cq,
+                        srq: None,
+                        cap: qp.cap,
+                        sq_sig_all: qp.sq_sig_all,
+                    },
+                );
+                *qp = fresh;
+            }
+            QpState::Err => {
+                qp.state = QpState::Err;
+                flush(&mut self.dev, qp);
+            }
+            s => qp.state = s,
+        }
+        self.refresh(slot);
+        Ok(())
+    }
+
+    /// `ibv_post_send`. Checks what can be checked at post time (state, queue space, SGE
+    /// count, opcode for the QP type, sizes); local keys are checked when the WQE executes and
+    /// fail it with `LocProtErr`, as on hardware.
+    pub fn post_send(&mut self, qpn: Qpn, wr: SendWr) -> Result<(), VerbsError> {
+        let slot = self.slot(qpn)?;
+        let Some(qp) = self.qps[slot].as_mut() else {
+            return Err(VerbsError::NotFound("queue pair"));
+        };
+        match qp.state {
+            QpState::Rts | QpState::Sqd | QpState::Err | QpState::Sqe => {}
+            s => return invalid(format!("post_send in state {s:?} (needs RTS)")),
+        }
+        if qp.sq.len() >= qp.cap.max_send_wr as usize {
+            return Err(VerbsError::NoSpace("send queue full"));
+        }
+        let inline = wr.flags.contains(SendFlags::INLINE);
+        if !inline && wr.sg_list.len() > qp.cap.max_send_sge as usize {
+            return invalid(format!(
+                "{} SGEs above max_send_sge {}",
+                wr.sg_list.len(),
+                qp.cap.max_send_sge
+            ));
+        }
+        if inline && wr.inline_data.len() > qp.cap.max_inline_data as usize {
+            return invalid(format!(
+                "{} inline bytes above max_inline_data {}",
+                wr.inline_data.len(),
+                qp.cap.max_inline_data
+            ));
+        }
+        let ok_for_type = match qp.qp_type {
+            QpType::Rc => true,
+            QpType::Uc => matches!(
+                wr.opcode,
+                WrOpcode::Send
+                    | WrOpcode::SendWithImm { .. }
+                    | WrOpcode::RdmaWrite { .. }
+                    | WrOpcode::RdmaWriteWithImm { .. }
+            ),
+            QpType::Ud => matches!(wr.opcode, WrOpcode::Send | WrOpcode::SendWithImm { .. }),
+        };
+        if !ok_for_type {
+            return invalid(format!(
+                "{:?} is not valid on a {:?} QP",
+                wr.opcode, qp.qp_type
+            ));
+        }
+        if qp.qp_type == QpType::Ud && wr.ud.is_none() {
+            return invalid("UD send without a destination (wr.ud)");
+        }
+        if inline && wr.opcode.is_read_or_atomic() {
+            return invalid("INLINE is for sends and writes");
+        }
+        let len: u64 = if inline {
+            wr.inline_data.len() as u64
+        } else {
+            wr.sg_list.iter().map(|s| s.length as u64).sum()
+        };
+        if len > 1 << 31 {
+            return invalid("message longer than 2^31 bytes");
+        }
+        if wr.opcode.is_atomic() {
+            let addr = match wr.opcode {
+                WrOpcode::AtomicCmpSwap { remote_addr, .. }
+                | WrOpcode::AtomicFetchAdd { remote_addr, .. } => remote_addr,
+                _ => 0,
+            };
+            if len != 8 {
+                return invalid("atomics need one 8-byte local buffer");
+            }
+            if addr % 8 != 0 {
+                // Sent anyway on hardware, and NAKed; rdma-core passes it through. So do we:
+                // the responder's check is what conformance tests look at.
+            }
+        }
+        let signaled = qp.sq_sig_all || wr.flags.contains(SendFlags::SIGNALED);
+        let mut wqe = SendWqe {
+            wr,
+            len,
+            first_psn: Psn::new(0),
+            npkts: 0,
+            started: false,
+            resp_pkts: 0,
+            rd_counted: false,
+            done: false,
+            signaled,
+            error: None,
+        };
+        if qp.state == QpState::Err {
+            wqe.error = Some(WcStatus::WrFlushErr);
+            let wc = requester::wc_for(qp, &wqe, WcStatus::WrFlushErr);
+            self.dev.push_wc(qp.send_cq, wc);
+            return Ok(());
+        }
+        if qp.qp_type == QpType::Ud && len > qp.mtu().max(self.dev.active_mtu.bytes() as u64) {
+            // IBTA 10.8.3: a UD message longer than the path MTU fails with a local length error.
+            wqe.error = Some(WcStatus::LocLenErr);
+        }
+        qp.sq.push_back(wqe);
+        self.refresh(slot);
+        Ok(())
+    }
+
+    /// `ibv_post_recv`.
+    pub fn post_recv(&mut self, qpn: Qpn, wr: RecvWr) -> Result<(), VerbsError> {
+        let slot = self.slot(qpn)?;
+        let Some(qp) = self.qps[slot].as_mut() else {
+            return Err(VerbsError::NotFound("queue pair"));
+        };
+        if qp.state == QpState::Reset {
+            return invalid("post_recv in RESET");
+        }
+        if qp.rq.len() >= qp.cap.max_recv_wr as usize {
+            return Err(VerbsError::NoSpace("receive queue full"));
+        }
+        if wr.sg_list.len() > qp.cap.max_recv_sge as usize {
+            return invalid(format!(
+                "{} SGEs above max_recv_sge {}",
+                wr.sg_list.len(),
+                qp.cap.max_recv_sge
+            ));
+        }
+        let len = wr.sg_list.iter().map(|s| s.length as u64).sum();
+        let wqe = RecvWqe {
+            wr_id: wr.wr_id,
+            sg_list: wr.sg_list,
+            len,
+        };
+        if qp.state == QpState::Err {
+            let wc = responder::recv_wc(qp, &wqe, WcStatus::WrFlushErr, 0);
+            self.dev.push_wc(qp.recv_cq, wc);
+            return Ok(());
+        }
+        qp.rq.push_back(wqe);
+        Ok(())
+    }
+
+    // ---- the wire ------------------------------------------------------------------------
+
+    /// One frame from the port.
+    pub fn handle_frame(&mut self, now: Nanos, frame: &[u8]) {
+        let c = &mut self.dev.counters;
+        c.rx_packets += 1;
+        c.rx_bytes += frame.len() as u64;
+        let Ok(pkt) = parse_frame(frame) else {
+            c.rx_malformed += 1;
+            return;
+        };
+        if pkt.eth.dst != self.dev.cfg.mac && !pkt.eth.dst.is_multicast() {
+            c.rx_not_ours += 1;
+            return;
+        }
+        if !self.dev.cfg.ips.contains(&pkt.ip.dst()) {
+            c.rx_not_ours += 1;
+            return;
+        }
+        if self.dev.cfg.check_icrc && !pkt.icrc_ok() {
+            // IBTA A17.3.3 / 9.6.1: ICRC errors are dropped silently.
+            c.rx_icrc_errors += 1;
+            return;
+        }
+        if !pkt.ip_checksum_ok() {
+            c.rx_malformed += 1;
+            return;
+        }
+        // IBTA 9.6.1.1: transport version must be 0; the P_Key must match the QP's partition.
+        if pkt.bth.tver != 0 || !pkt.bth.pkey.matches(PKey::DEFAULT) {
+            c.rx_dropped += 1;
+            return;
+        }
+        if pkt.bth.opcode.transport() == Transport::Cnp {
+            c.cnp_received += 1;
+            return;
+        }
+        let Some(&slot) = self.qp_by_num.get(&pkt.bth.dqpn.value()) else {
+            c.rx_no_qp += 1;
+            return;
+        };
+        let Some(qp) = self.qps[slot].as_mut() else {
+            return;
+        };
+        if !transport_matches(qp.qp_type, pkt.bth.opcode.transport()) {
+            self.dev.counters.rx_dropped += 1;
+            return;
+        }
+        // Connected QPs accept packets from their peer only (rxe's check_addr).
+        if qp.qp_type != QpType::Ud {
+            if !matches!(
+                qp.state,
+                QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
+            ) || pkt.ip.src() != qp.attr.ah_attr.dgid.ip()
+            {
+                self.dev.counters.rx_dropped += 1;
+                return;
+            }
+        }
+        let info = pkt.bth.opcode.info();
+        if info.is_response() {
+            completer::handle(&mut self.dev, qp, now, &pkt);
+        } else {
+            responder::handle(&mut self.dev, qp, now, &pkt);
+        }
+        self.refresh(slot);
+    }
+
+    /// The next frame to send, written at the front of `buf` (which should hold the Ethernet
+    /// MTU plus 18 bytes); its length, or `None` when there is nothing to send now.
+    pub fn poll_transmit(&mut self, now: Nanos, buf: &mut [u8]) -> Option<usize> {
+        while let Some(slot) = self.tx_sched.pop_front() {
+            let Some(qp) = self.qps.get_mut(slot).and_then(Option::as_mut) else {
+                continue;
+            };
+            qp.scheduled = false;
+            let n = if !qp.resp_out.is_empty() {
+                responder::produce(&mut self.dev, qp, now, buf)
+            } else if qp.has_request_work() {
+                requester::produce(&mut self.dev, qp, now, buf)
+            } else {
+                None
+            };
+            self.refresh(slot);
+            if let Some(n) = n {
+                self.dev.counters.tx_packets += 1;
+                self.dev.counters.tx_bytes += n as u64;
+                return Some(n);
+            }
+        }
+        None
+    }
+
+    /// True when `poll_transmit` may have a frame.
+    pub fn wants_transmit(&self) -> bool {
+        !self.tx_sched.is_empty()
+    }
+
+    /// The earliest deadline the RNIC wants `handle_timeout` called at.
+    pub fn poll_timeout(&mut self) -> Option<Nanos> {
+        while let Some(&Reverse((t, slot))) = self.timers.peek() {
+            if self.timer_live(t, slot) {
+                return Some(t);
+            }
+            self.timers.pop();
+        }
+        None
+    }
+
+    fn timer_live(&self, t: Nanos, slot: usize) -> bool {
+        match self.qps.get(slot).and_then(Option::as_ref) {
+            Some(qp) => qp.ack_deadline == Some(t) || qp.rnr_deadline == Some(t),
+            None => false,
+        }
+    }
+
+    /// Serves every deadline at or before `now`. Calling it again with the same `now` does
+    /// nothing more.
+    pub fn handle_timeout(&mut self, now: Nanos) {
+        while let Some(&Reverse((t, slot))) = self.timers.peek() {
+            if t > now {
+                break;
+            }
+            self.timers.pop();
+            if !self.timer_live(t, slot) {
+                continue;
+            }
+            if let Some(qp) = self.qps[slot].as_mut() {
+                completer::timeout(&mut self.dev, qp, now);
+            }
+            self.refresh(slot);
+        }
+    }
+
+    /// Puts a QP on the transmit schedule if it has something to send, and its deadlines on the
+    /// timer heap.
+    fn refresh(&mut self, slot: usize) {
+        let Some(qp) = self.qps[slot].as_mut() else {
+            return;
+        };
+        if !qp.scheduled && (!qp.resp_out.is_empty() || qp.has_request_work()) {
+            qp.scheduled = true;
+            self.tx_sched.push_back(slot);
+        }
+        for d in [qp.ack_deadline, qp.rnr_deadline].into_iter().flatten() {
+            // Duplicate entries are harmless: stale ones are skipped.
+            if !self
+                .timers
+                .iter()
+                .any(|Reverse((t, s))| *t == d && *s == slot)
+                || self.timers.len() < 64
+            {
+                self.timers.push(Reverse((d, slot)));
+            }
+        }
+    }
+}
+
+fn transport_matches(t: QpType, tr: Transport) -> bool {
+    matches!(
+        (t, tr),
+        (QpType::Rc, Transport::Rc) | (QpType::Uc, Transport::Uc) | (QpType::Ud, Transport::Ud)
+    )
+}
+
+/// Entering ERR: every outstanding send and receive WQE completes with WR_FLUSH_ERR (IBTA
+/// 10.3.1.5, 11.4.2.2), signaled or not.
+pub(crate) fn flush(dev: &mut Dev, qp: &mut Qp) {
+    qp.state = QpState::Err;
+    while let Some(w) = qp.sq.pop_front() {
+        let status = w.error.unwrap_or(WcStatus::WrFlushErr);
+        let wc = requester::wc_for(qp, &w, status);
+        dev.push_wc(qp.send_cq, wc);
+    }
+    if let qp::RespMsg::Send { wqe, .. } = std::mem::replace(&mut qp.resp_msg, qp::RespMsg::Idle) {
+        let wc = responder::recv_wc(qp, &wqe, WcStatus::WrFlushErr, 0);
+        dev.push_wc(qp.recv_cq, wc);
+    }
+    while let Some(r) = qp.rq.pop_front() {
+        let wc = responder::recv_wc(qp, &r, WcStatus::WrFlushErr, 0);
+        dev.push_wc(qp.recv_cq, wc);
+    }
+    qp.sq_next = 0;
+    qp.rd_outstanding = 0;
+    qp.ack_deadline = None;
+    qp.rnr_deadline = None;
+    qp.resources.clear();
+}
+
+pub(crate) type Packet<'a> = ParsedFrame<'a>;
+
+/// Helper for tests and tools: the default Q_Key ibv_ud_pingpong uses.
+pub const PINGPONG_QKEY: QKey = QKey(0x1111_1111);

@@ -1,0 +1,220 @@
+//! A queue pair's state: attributes, the send queue with the requester's and completer's
+//! cursors, the receive queue and the responder's state.
+use super::verbs::*;
+use crate::time::Nanos;
+use rocemu_wire::{Msn, Psn, Qpn};
+use std::collections::VecDeque;
+
+/// A posted send work request and its progress.
+#[derive(Debug, Clone)]
+pub(crate) struct SendWqe {
+    pub wr: SendWr,
+    /// Message length in bytes.
+    pub len: u64,
+    /// PSN of the first packet (request) and how many PSNs the message takes (for a READ, one
+    /// per response packet). Assigned when the requester starts the message.
+    pub first_psn: Psn,
+    pub npkts: u32,
+    pub started: bool,
+    /// For READ: response packets received in order; for atomics: 1 once answered.
+    pub resp_pkts: u32,
+    /// Counted against max_rd_atomic.
+    pub rd_counted: bool,
+    /// All its responses/acks are in: ready to complete in order.
+    pub done: bool,
+    pub signaled: bool,
+    /// An error status decided for this WQE (completes it and moves the QP to ERR).
+    pub error: Option<WcStatus>,
+}
+
+impl SendWqe {
+    pub fn last_psn(&self) -> Psn {
+        self.first_psn.add(self.npkts.saturating_sub(1))
+    }
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct RecvWqe {
+    pub wr_id: u64,
+    pub sg_list: Vec<Sge>,
+    pub len: u64,
+}
+
+/// What the responder is in the middle of (IBTA 9.7.5.1.3: opcode sequence checks).
+#[derive(Debug, Clone)]
+pub(crate) enum RespMsg {
+    Idle,
+    /// Between a SEND FIRST and its LAST: the receive WQE being filled.
+    Send {
+        wqe: RecvWqe,
+        offset: u64,
+    },
+    /// Between an RDMA WRITE FIRST and its LAST.
+    Write {
+        rkey: u32,
+        va: u64,
+        remaining: u64,
+        total: u64,
+    },
+    /// UC only: a PSN gap hit this message; drop until the next FIRST or ONLY (IBTA 9.8.3).
+    Drop,
+}
+
+/// A read or atomic the responder accepted, kept for responses and duplicate replays
+/// (IBTA 9.7.5.1.4, "responder resources").
+#[derive(Debug, Clone)]
+pub(crate) enum Resource {
+    Read {
+        first_psn: Psn,
+        npkts: u32,
+        rkey: u32,
+        va: u64,
+        len: u64,
+        /// Next response packet to send (index), `npkts` when finished.
+        next: u32,
+        msn: Msn,
+    },
+    Atomic {
+        psn: Psn,
+        orig: u64,
+        msn: Msn,
+    },
+}
+
+/// Something the responder owes the requester, in order.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum RespOut {
+    /// ACK or NAK with this PSN and syndrome (MSN taken when sent).
+    Ack {
+        psn: Psn,
+        syndrome: u8,
+        msn: Msn,
+    },
+    /// Read response packets of the resource with this index in `resources`.
+    Read {
+        res_psn: Psn,
+    },
+    AtomicAck {
+        psn: Psn,
+        orig: u64,
+        msn: Msn,
+    },
+}
+
+#[derive(Debug)]
+pub(crate) struct Qp {
+    pub qpn: Qpn,
+    pub qp_type: QpType,
+    pub pd: PdId,
+    pub send_cq: CqId,
+    pub recv_cq: CqId,
+    pub cap: QpCap,
+    pub sq_sig_all: bool,
+    pub state: QpState,
+    pub attr: QpAttr,
+    /// Destination MAC, resolved at RTR.
+    pub dmac: Mac,
+
+    // requester
+    pub sq: VecDeque<SendWqe>,
+    /// Index in `sq` of the WQE the requester sends next (or continues).
+    pub sq_next: usize,
+    /// Next PSN the requester sends.
+    pub req_psn: Psn,
+    /// Reads/atomics outstanding.
+    pub rd_outstanding: u32,
+    /// One past the highest PSN ever sent: anything below it sent again is a retransmission,
+    /// and an ACK beyond it acknowledges something never sent.
+    pub psn_high_: Psn,
+    /// Highest PSN acknowledged so far + 1: where go-back-N restarts.
+    pub acked_psn: Psn,
+    pub retry_left: u8,
+    pub rnr_left: u8,
+    pub ack_deadline: Option<Nanos>,
+    pub rnr_deadline: Option<Nanos>,
+    /// Restart PSN to use when the RNR timer fires.
+    pub rnr_psn: Psn,
+
+    // responder
+    pub rq: VecDeque<RecvWqe>,
+    pub epsn: Psn,
+    pub msn: Msn,
+    pub resp_msg: RespMsg,
+    pub nak_sent: bool,
+    pub resources: VecDeque<Resource>,
+    pub resp_out: VecDeque<RespOut>,
+
+    /// On the device's transmit schedule.
+    pub scheduled: bool,
+}
+
+impl Qp {
+    pub fn new(qpn: Qpn, pd: PdId, init: &QpInitAttr) -> Qp {
+        Qp {
+            qpn,
+            qp_type: init.qp_type,
+            pd,
+            send_cq: init.send_cq,
+            recv_cq: init.recv_cq,
+            cap: init.cap,
+            sq_sig_all: init.sq_sig_all,
+            state: QpState::Reset,
+            attr: QpAttr::default(),
+            dmac: Mac::default(),
+            sq: VecDeque::new(),
+            sq_next: 0,
+            req_psn: Psn::new(0),
+            rd_outstanding: 0,
+            acked_psn: Psn::new(0),
+            psn_high_: Psn::new(0),
+            retry_left: 0,
+            rnr_left: 0,
+            ack_deadline: None,
+            rnr_deadline: None,
+            rnr_psn: Psn::new(0),
+            rq: VecDeque::new(),
+            epsn: Psn::new(0),
+            msn: Msn::new(0),
+            resp_msg: RespMsg::Idle,
+            nak_sent: false,
+            resources: VecDeque::new(),
+            resp_out: VecDeque::new(),
+            scheduled: false,
+        }
+    }
+
+    pub fn psn_high(&self) -> Psn {
+        self.psn_high_
+    }
+
+    pub fn note_sent(&mut self, next: Psn) {
+        if next.is_after(self.psn_high_) {
+            self.psn_high_ = next;
+        }
+    }
+
+    pub fn mtu(&self) -> u64 {
+        self.attr.path_mtu.bytes() as u64
+    }
+
+    /// Packets a message of `len` bytes takes at this QP's path MTU (a zero-length message
+    /// takes one).
+    pub fn pkts_for(&self, len: u64) -> u32 {
+        len.div_ceil(self.mtu()).max(1) as u32
+    }
+
+    /// True when the requester has something it could send now.
+    pub fn has_request_work(&self) -> bool {
+        matches!(self.state, QpState::Rts | QpState::Sqd)
+            && self.sq_next < self.sq.len()
+            && self.rnr_deadline.is_none()
+    }
+
+    /// The local ACK timeout (IBTA 9.7.6.1.3): 4.096 µs × 2^timeout, none for 0.
+    pub fn ack_timeout(&self) -> Option<Nanos> {
+        match self.attr.timeout {
+            0 => None,
+            t => Some(Nanos(4096u64 << t.min(31))),
+        }
+    }
+}

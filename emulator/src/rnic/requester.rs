@@ -1,0 +1,326 @@
+//! The requester (IBTA 9.5–9.7.4): WQE fetch, segmentation by path MTU, header build, PSN
+//! assignment, AckReq, the max_rd_atomic limit and fences. One packet per call, so the device
+//! can interleave QPs.
+use super::qp::{Qp, SendWqe};
+use super::verbs::*;
+use super::{flush, Dev};
+use crate::time::Nanos;
+use rocemu_wire::frame::pad_for;
+use rocemu_wire::headers::{AtomicEthRepr, DethRepr, RethRepr};
+use rocemu_wire::{BthRepr, ExtHeaders, Opcode, PKey, QKey, RKey};
+
+/// Requests an ACK at least this often within a long message (rxe: RXE_MAX_PKT_PER_ACK).
+const MAX_PKTS_PER_ACK: u32 = 64;
+/// PSNs in flight at most (IBTA 9.7.4.1.2 bounds it by 2^23; this keeps go-back-N cheap).
+pub(crate) const MAX_INFLIGHT_PSNS: u32 = 8192;
+
+/// The completion of a send WQE.
+pub(crate) fn wc_for(qp: &Qp, w: &SendWqe, status: WcStatus) -> Wc {
+    Wc {
+        wr_id: w.wr.wr_id,
+        status,
+        opcode: w.wr.opcode.wc_opcode(),
+        byte_len: if status == WcStatus::Success && w.wr.opcode.is_read_or_atomic() {
+            w.len as u32
+        } else {
+            0
+        },
+        imm_data: 0,
+        qp_num: qp.qpn,
+        src_qp: qp.qpn,
+        wc_flags: WcFlags::default(),
+        pkey_index: 0,
+    }
+}
+
+/// Completes the front WQE successfully: a CQE when signaled.
+pub(crate) fn complete_front(dev: &mut Dev, qp: &mut Qp) {
+    if let Some(w) = qp.sq.pop_front() {
+        if w.rd_counted {
+            qp.rd_outstanding = qp.rd_outstanding.saturating_sub(1);
+        }
+        qp.sq_next = qp.sq_next.saturating_sub(1);
+        if w.signaled {
+            let wc = wc_for(qp, &w, WcStatus::Success);
+            dev.push_wc(qp.send_cq, wc);
+        }
+    }
+}
+
+/// Fails WQE `i` with `status`: WQEs before it completed already; it and everything after it
+/// complete in error and the QP enters ERR (RC), or SQE (UC, UD: IBTA 10.3.1.6).
+pub(crate) fn fail_wqe(dev: &mut Dev, qp: &mut Qp, i: usize, status: WcStatus) {
+    if let Some(w) = qp.sq.get_mut(i) {
+        w.error = Some(status);
+    }
+    for _ in 0..i {
+        complete_front(dev, qp);
+    }
+    if qp.qp_type == QpType::Rc {
+        flush(dev, qp);
+    } else {
+        // SQE: the failed WQE and every later one complete (flushed); receives go on.
+        qp.state = QpState::Sqe;
+        while let Some(w) = qp.sq.pop_front() {
+            let st = w.error.unwrap_or(WcStatus::WrFlushErr);
+            let wc = wc_for(qp, &w, st);
+            dev.push_wc(qp.send_cq, wc);
+        }
+        qp.sq_next = 0;
+    }
+}
+
+fn packet_opcode(op: &WrOpcode, uc: bool, k: u32, n: u32) -> Opcode {
+    let base: u8 = if uc { 0x20 } else { 0x00 };
+    let only = n == 1;
+    let last = k + 1 == n;
+    let first = k == 0;
+    let pos = |f: u8, m: u8, l: u8, o: u8| {
+        if only {
+            o
+        } else if first {
+            f
+        } else if last {
+            l
+        } else {
+            m
+        }
+    };
+    let code = match op {
+        WrOpcode::Send => base + pos(0, 1, 2, 4),
+        WrOpcode::SendWithImm { .. } => base + pos(0, 1, 3, 5),
+        WrOpcode::SendWithInv { .. } => pos(0, 1, 0x16, 0x17),
+        WrOpcode::RdmaWrite { .. } => base + pos(6, 7, 8, 10),
+        WrOpcode::RdmaWriteWithImm { .. } => base + pos(6, 7, 9, 11),
+        WrOpcode::RdmaRead { .. } => 0x0c,
+        WrOpcode::AtomicCmpSwap { .. } => 0x13,
+        WrOpcode::AtomicFetchAdd { .. } => 0x14,
+    };
+    match Opcode::new(code) {
+        Ok(o) => o,
+        Err(_) => unreachable!("the table has every requester opcode"),
+    }
+}
+
+/// Builds the next request packet of `qp` into `buf`.
+pub(crate) fn produce(dev: &mut Dev, qp: &mut Qp, now: Nanos, buf: &mut [u8]) -> Option<usize> {
+    loop {
+        let idx = qp.sq_next;
+        let w = qp.sq.get(idx)?;
+        if let Some(st) = w.error {
+            fail_wqe(dev, qp, idx, st);
+            return None;
+        }
+        if !w.started {
+            if qp.state == QpState::Sqd {
+                return None; // draining: finish what started, start nothing new
+            }
+            if qp.qp_type == QpType::Rc {
+                if w.wr.flags.contains(SendFlags::FENCE) && qp.rd_outstanding > 0 {
+                    return None;
+                }
+                if w.wr.opcode.is_read_or_atomic()
+                    && qp.rd_outstanding >= qp.attr.max_rd_atomic.max(1) as u32
+                {
+                    return None;
+                }
+                if qp.req_psn.distance_from(qp.acked_psn) >= MAX_INFLIGHT_PSNS {
+                    return None;
+                }
+            }
+            let inline = w.wr.flags.contains(SendFlags::INLINE);
+            if !inline {
+                let write =
+                    matches!(w.wr.opcode, WrOpcode::RdmaRead { .. }) || w.wr.opcode.is_atomic();
+                if let Err(f) = dev.mem.check_sges(qp.pd, &w.wr.sg_list, write) {
+                    let st = match f {
+                        super::mr::LocalFault::Access => WcStatus::LocAccessErr,
+                        _ => WcStatus::LocProtErr,
+                    };
+                    fail_wqe(dev, qp, idx, st);
+                    return None;
+                }
+            }
+            let npkts = match w.wr.opcode {
+                WrOpcode::AtomicCmpSwap { .. } | WrOpcode::AtomicFetchAdd { .. } => 1,
+                _ => qp.pkts_for(w.len),
+            };
+            let psn = qp.req_psn;
+            let w = &mut qp.sq[idx];
+            w.first_psn = psn;
+            w.npkts = npkts;
+            w.started = true;
+        }
+        return emit_packet(dev, qp, idx, now, buf);
+    }
+}
+
+fn emit_packet(
+    dev: &mut Dev,
+    qp: &mut Qp,
+    idx: usize,
+    now: Nanos,
+    buf: &mut [u8],
+) -> Option<usize> {
+    let mtu = qp.mtu();
+    let uc = qp.qp_type == QpType::Uc;
+    let ud = qp.qp_type == QpType::Ud;
+    let w = &qp.sq[idx];
+    let psn = qp.req_psn;
+    let k = psn
+        .distance_from(w.first_psn)
+        .min(w.npkts.saturating_sub(1));
+    let n = w.npkts;
+    let opcode = packet_opcode(&w.wr.opcode, uc, k, n);
+    let is_read = matches!(w.wr.opcode, WrOpcode::RdmaRead { .. });
+    let offset = k as u64 * mtu;
+    let (payload_len, last) = match w.wr.opcode {
+        WrOpcode::RdmaRead { .. }
+        | WrOpcode::AtomicCmpSwap { .. }
+        | WrOpcode::AtomicFetchAdd { .. } => (0, true),
+        _ => ((w.len - offset.min(w.len)).min(mtu), k + 1 == n),
+    };
+    let mut bth = BthRepr::new(opcode, qp.attr.dest_qp_num, psn);
+    bth.pad = pad_for(payload_len as usize);
+    bth.pkey = PKey::DEFAULT;
+    bth.solicited = last && w.wr.flags.contains(SendFlags::SOLICITED);
+    bth.ack_req = qp.qp_type == QpType::Rc && (last || (k + 1) % MAX_PKTS_PER_ACK == 0);
+    let mut ext = ExtHeaders::default();
+    let info = opcode.info();
+    match w.wr.opcode {
+        WrOpcode::RdmaWrite { remote_addr, rkey }
+        | WrOpcode::RdmaWriteWithImm {
+            remote_addr, rkey, ..
+        } => {
+            if info.has(rocemu_wire::opcode::hdr::RETH) {
+                ext.reth = Some(RethRepr {
+                    va: remote_addr,
+                    rkey: RKey(rkey),
+                    dma_len: w.len as u32,
+                });
+            }
+        }
+        WrOpcode::RdmaRead { remote_addr, rkey } => {
+            // Resuming mid-read (go-back-N, IBTA 9.7.5.2.4): ask for the rest only.
+            ext.reth = Some(RethRepr {
+                va: remote_addr.wrapping_add(offset),
+                rkey: RKey(rkey),
+                dma_len: (w.len - offset.min(w.len)) as u32,
+            });
+        }
+        WrOpcode::AtomicCmpSwap {
+            remote_addr,
+            rkey,
+            compare,
+            swap,
+        } => {
+            ext.atomic = Some(AtomicEthRepr {
+                va: remote_addr,
+                rkey: RKey(rkey),
+                swap_add: swap,
+                compare,
+            });
+        }
+        WrOpcode::AtomicFetchAdd {
+            remote_addr,
+            rkey,
+            add,
+        } => {
+            ext.atomic = Some(AtomicEthRepr {
+                va: remote_addr,
+                rkey: RKey(rkey),
+                swap_add: add,
+                compare: 0,
+            });
+        }
+        _ => {}
+    }
+    if info.has(rocemu_wire::opcode::hdr::IMM) {
+        if let WrOpcode::SendWithImm { imm } | WrOpcode::RdmaWriteWithImm { imm, .. } = w.wr.opcode
+        {
+            ext.imm = Some(imm);
+        }
+    }
+    if info.has(rocemu_wire::opcode::hdr::IETH) {
+        if let WrOpcode::SendWithInv { invalidate_rkey } = w.wr.opcode {
+            ext.ieth = Some(RKey(invalidate_rkey));
+        }
+    }
+    let (av, dmac) = if ud {
+        let d = w.wr.ud.unwrap_or(UdDest {
+            ah: AhAttr::default(),
+            remote_qpn: qp.qpn,
+            remote_qkey: QKey(0),
+        });
+        // IBTA 10.2.4.1: a Q_Key with the high bit set in the WR means "use the QP's".
+        let qkey = if d.remote_qkey.is_controlled() {
+            qp.attr.qkey
+        } else {
+            d.remote_qkey
+        };
+        ext.deth = Some(DethRepr {
+            qkey,
+            src_qpn: qp.qpn,
+            resv: 0,
+        });
+        bth.dqpn = d.remote_qpn;
+        match dev.resolve(&d.ah) {
+            Some(m) => (d.ah, m),
+            None => {
+                fail_wqe(dev, qp, idx, WcStatus::LocQpOpErr);
+                return None;
+            }
+        }
+    } else {
+        (qp.attr.ah_attr, qp.dmac)
+    };
+    let repr = dev.frame_for(qp, &av, dmac, bth, ext);
+    let w = &qp.sq[idx];
+    let mem = &dev.mem;
+    let written = if w.wr.flags.contains(SendFlags::INLINE) {
+        let src = &w.wr.inline_data[offset as usize..(offset + payload_len) as usize];
+        repr.emit(buf, payload_len as usize, |d| d.copy_from_slice(src))
+    } else {
+        repr.emit(buf, payload_len as usize, |d| {
+            mem.gather(&w.wr.sg_list, offset, d)
+        })
+    };
+    let len = match written {
+        Ok(n) => n,
+        Err(_) => {
+            // The caller's buffer cannot hold a path-MTU packet: an engine bug, not a wire
+            // condition. Fail the WQE rather than send garbage.
+            fail_wqe(dev, qp, idx, WcStatus::LocLenErr);
+            return None;
+        }
+    };
+    // Advance.
+    if qp.req_psn.is_before(qp.psn_high()) {
+        dev.counters.retransmits += 1;
+    }
+    if is_read {
+        qp.req_psn = qp.sq[idx].first_psn.add(n);
+    } else {
+        qp.req_psn = psn.next();
+    }
+    qp.note_sent(qp.req_psn);
+    let done_msg = is_read || last;
+    if done_msg {
+        qp.sq_next += 1;
+        match qp.qp_type {
+            QpType::Rc => {
+                let w = &mut qp.sq[idx];
+                if w.wr.opcode.is_read_or_atomic() && !w.rd_counted {
+                    w.rd_counted = true;
+                    qp.rd_outstanding += 1;
+                }
+            }
+            // UC and UD complete as soon as the last packet left (IBTA 9.8.4, 9.8.2).
+            _ => super::requester::complete_front(dev, qp),
+        }
+    }
+    if qp.qp_type == QpType::Rc && qp.ack_deadline.is_none() {
+        qp.ack_deadline = qp.ack_timeout().map(|t| now + t);
+    }
+    Some(len)
+}

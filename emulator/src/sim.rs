@@ -1,0 +1,294 @@
+//! Two RNICs joined by the in-process wire, driven in virtual time (the quinn `Pair` shape):
+//! frames move, timers fire, and the clock jumps to the next event when nothing else can
+//! happen. Deterministic from its seeds; a stalled run is a bug and fails loudly.
+use crate::port::wire::{Impairments, Wire};
+use crate::rnic::{Rnic, RnicConfig};
+use crate::time::Nanos;
+use rocemu_wire::capture::CaptureWriter;
+use rocemu_wire::eth::Mac;
+use std::net::{IpAddr, Ipv4Addr};
+
+/// Which side of a [`Pair`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    A,
+    B,
+}
+
+/// Two RNICs and the wire between them.
+pub struct Pair {
+    pub a: Rnic,
+    pub b: Rnic,
+    pub wire: Wire,
+    pub now: Nanos,
+    /// Every frame put on the wire, as sent (before impairments), for `--pcap`.
+    pub capture: Option<CaptureWriter<std::io::BufWriter<std::fs::File>>>,
+    /// Frames moved since creation.
+    pub frames: u64,
+    scratch: Vec<u8>,
+}
+
+impl std::fmt::Debug for Pair {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pair")
+            .field("now", &self.now)
+            .field("frames", &self.frames)
+            .finish_non_exhaustive()
+    }
+}
+
+pub const MAC_A: Mac = Mac([0x02, 0x52, 0x4f, 0x43, 0x45, 0x01]);
+pub const MAC_B: Mac = Mac([0x02, 0x52, 0x4f, 0x43, 0x45, 0x02]);
+pub const IP_A: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1));
+pub const IP_B: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2));
+
+impl Pair {
+    /// Two RNICs (10.0.0.1 and 10.0.0.2, 9000-byte Ethernet MTU) on a wire with `imp` both ways.
+    pub fn new(seed: u64, imp: Impairments) -> Pair {
+        let mut a = Rnic::new(RnicConfig::new(
+            MAC_A,
+            IP_A,
+            seed.wrapping_mul(3).wrapping_add(1),
+        ));
+        let mut b = Rnic::new(RnicConfig::new(
+            MAC_B,
+            IP_B,
+            seed.wrapping_mul(5).wrapping_add(2),
+        ));
+        a.set_neighbor(IP_B, MAC_B);
+        b.set_neighbor(IP_A, MAC_A);
+        Pair::with(a, b, Wire::new(imp, seed))
+    }
+
+    pub fn with(a: Rnic, b: Rnic, wire: Wire) -> Pair {
+        Pair {
+            a,
+            b,
+            wire,
+            now: Nanos::ZERO,
+            capture: None,
+            frames: 0,
+            scratch: vec![0u8; 10_000],
+        }
+    }
+
+    pub fn rnic(&mut self, s: Side) -> &mut Rnic {
+        match s {
+            Side::A => &mut self.a,
+            Side::B => &mut self.b,
+        }
+    }
+
+    /// Moves every frame both sides want to send and every frame due, without advancing the
+    /// clock. Returns true when anything moved.
+    pub fn step(&mut self) -> bool {
+        let mut moved = false;
+        let now = self.now;
+        for side in [Side::A, Side::B] {
+            loop {
+                let (rnic, link) = match side {
+                    Side::A => (&mut self.a, &mut self.wire.ab),
+                    Side::B => (&mut self.b, &mut self.wire.ba),
+                };
+                let Some(n) = rnic.poll_transmit(now, &mut self.scratch) else {
+                    break;
+                };
+                let mut f = link.buffer();
+                f.extend_from_slice(&self.scratch[..n]);
+                if let Some(c) = self.capture.as_mut() {
+                    let _ = c.write(std::time::Duration::from_nanos(now.0), &f);
+                }
+                link.send(now, f);
+                self.frames += 1;
+                moved = true;
+            }
+        }
+        while let Some(f) = self.wire.ab.recv(now) {
+            self.b.handle_frame(now, &f);
+            self.wire.ab.recycle(f);
+            moved = true;
+        }
+        while let Some(f) = self.wire.ba.recv(now) {
+            self.a.handle_frame(now, &f);
+            self.wire.ba.recycle(f);
+            moved = true;
+        }
+        self.a.handle_timeout(now);
+        self.b.handle_timeout(now);
+        moved
+    }
+
+    /// The next time anything is due (a frame or a timer).
+    pub fn next_event(&mut self) -> Option<Nanos> {
+        [
+            self.wire.next_due(),
+            self.a.poll_timeout(),
+            self.b.poll_timeout(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    /// Runs until `done` holds, jumping the clock to the next event whenever nothing moves.
+    /// Fails (Err with a description) when nothing is left to happen and `done` still does not
+    /// hold, or after `max_steps` steps.
+    pub fn drive_until(
+        &mut self,
+        max_steps: u64,
+        mut done: impl FnMut(&mut Pair) -> bool,
+    ) -> Result<(), String> {
+        for _ in 0..max_steps {
+            if done(self) {
+                return Ok(());
+            }
+            if self.step() {
+                continue;
+            }
+            match self.next_event() {
+                Some(t) if t > self.now => self.now = t,
+                Some(_) => {}
+                None => {
+                    if done(self) {
+                        return Ok(());
+                    }
+                    return Err(format!("stalled at {}: nothing left to happen", self.now));
+                }
+            }
+        }
+        Err(format!("no end after {max_steps} steps (at {})", self.now))
+    }
+
+    /// Runs until nothing is left to happen (every queue drained, no timer armed).
+    pub fn drive(&mut self, max_steps: u64) -> Result<(), String> {
+        for _ in 0..max_steps {
+            if self.step() {
+                continue;
+            }
+            match self.next_event() {
+                Some(t) if t > self.now => self.now = t,
+                Some(_) => {}
+                None => return Ok(()),
+            }
+        }
+        Err(format!(
+            "still busy after {max_steps} steps (at {})",
+            self.now
+        ))
+    }
+}
+
+/// What `connect` sets on both QPs (ibv_rc_pingpong's choices by default).
+#[derive(Debug, Clone, Copy)]
+pub struct ConnectOpts {
+    pub mtu: crate::rnic::Mtu,
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    pub rnr_retry: u8,
+    pub min_rnr_timer: u8,
+    pub max_rd_atomic: u8,
+    pub access: crate::rnic::Access,
+    pub psn_a: rocemu_wire::Psn,
+    pub psn_b: rocemu_wire::Psn,
+    pub qkey: rocemu_wire::QKey,
+}
+
+impl Default for ConnectOpts {
+    fn default() -> Self {
+        use crate::rnic::{Access, Mtu};
+        ConnectOpts {
+            mtu: Mtu::M1024,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: 12,
+            max_rd_atomic: 16,
+            access: Access::LOCAL_WRITE
+                | Access::REMOTE_WRITE
+                | Access::REMOTE_READ
+                | Access::REMOTE_ATOMIC,
+            psn_a: rocemu_wire::Psn::new(0x123),
+            psn_b: rocemu_wire::Psn::new(0xabc),
+            qkey: rocemu_wire::QKey(0x1111_1111),
+        }
+    }
+}
+
+/// Moves one QP through INIT, RTR and RTS towards `remote` (at `remote_ip`), the way
+/// `ibv_rc_pingpong` does it.
+pub fn bring_up(
+    rnic: &mut Rnic,
+    qpn: rocemu_wire::Qpn,
+    remote: rocemu_wire::Qpn,
+    remote_ip: IpAddr,
+    my_psn: rocemu_wire::Psn,
+    their_psn: rocemu_wire::Psn,
+    o: &ConnectOpts,
+) -> Result<(), crate::rnic::VerbsError> {
+    use crate::rnic::{AhAttr, Gid, QpAttr, QpAttrMask as M, QpState, QpType};
+    let qp_type = rnic.qp_type(qpn)?;
+    let mut a = QpAttr {
+        qp_state: QpState::Init,
+        pkey_index: 0,
+        port_num: 1,
+        qp_access_flags: o.access,
+        qkey: o.qkey,
+        ..Default::default()
+    };
+    let m = match qp_type {
+        QpType::Ud => M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY,
+        _ => M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS,
+    };
+    rnic.modify_qp(qpn, &a, m)?;
+    a.qp_state = QpState::Rtr;
+    a.path_mtu = o.mtu;
+    a.dest_qp_num = remote;
+    a.rq_psn = their_psn;
+    a.max_dest_rd_atomic = o.max_rd_atomic;
+    a.min_rnr_timer = o.min_rnr_timer;
+    a.ah_attr = AhAttr {
+        dgid: Gid::from_ip(remote_ip),
+        hop_limit: 64,
+        ..Default::default()
+    };
+    let m = match qp_type {
+        QpType::Ud => M::STATE,
+        QpType::Uc => M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN,
+        QpType::Rc => {
+            M::STATE
+                | M::AV
+                | M::PATH_MTU
+                | M::DEST_QPN
+                | M::RQ_PSN
+                | M::MAX_DEST_RD_ATOMIC
+                | M::MIN_RNR_TIMER
+        }
+    };
+    rnic.modify_qp(qpn, &a, m)?;
+    a.qp_state = QpState::Rts;
+    a.sq_psn = my_psn;
+    a.timeout = o.timeout;
+    a.retry_cnt = o.retry_cnt;
+    a.rnr_retry = o.rnr_retry;
+    a.max_rd_atomic = o.max_rd_atomic;
+    let m = match qp_type {
+        QpType::Rc => {
+            M::STATE | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC
+        }
+        _ => M::STATE | M::SQ_PSN,
+    };
+    rnic.modify_qp(qpn, &a, m)
+}
+
+impl Pair {
+    /// Connects QP `qa` on A with QP `qb` on B.
+    pub fn connect(
+        &mut self,
+        qa: rocemu_wire::Qpn,
+        qb: rocemu_wire::Qpn,
+        o: &ConnectOpts,
+    ) -> Result<(), crate::rnic::VerbsError> {
+        bring_up(&mut self.a, qa, qb, IP_B, o.psn_a, o.psn_b, o)?;
+        bring_up(&mut self.b, qb, qa, IP_A, o.psn_b, o.psn_a, o)
+    }
+}
