@@ -11,38 +11,100 @@ use rocemu_wire::{NakCode, Psn, SyndromeKind};
 
 /// Restarts sending at PSN `p` (go-back-N). For a READ whose responses partly arrived, the
 /// restart is at its first missing response.
-fn go_back(qp: &mut Qp, now: Nanos, mut p: Psn) {
-    let i = qp
-        .sq
-        .iter()
-        .take(qp.sq_next)
-        .position(|w| w.started && !w.last_psn().is_before(p));
+fn go_back(qp: &mut Qp, now: Nanos, p: Psn) {
+    // The first WQE not yet acknowledged in full: its PSNs reach `p`, or it is a read or atomic
+    // still waiting for its response (an ACK beyond it does not make up for the response).
+    let i = qp.sq.iter().take_while(|w| w.started).position(|w| {
+        w.started && (!w.last_psn().is_before(p) || (w.wr.opcode.is_read_or_atomic() && !w.done))
+    });
+    qp.rnr_deadline = None;
+    qp.ack_deadline = if outstanding(qp) {
+        qp.ack_timeout().map(|t| now + t)
+    } else {
+        None
+    };
     let Some(i) = i else { return };
     let w = &qp.sq[i];
-    if p.is_before(w.first_psn) {
-        p = w.first_psn;
-    }
+    let mut p = if p.is_before(w.first_psn) || w.last_psn().is_before(p) {
+        w.first_psn
+    } else {
+        p
+    };
     if matches!(w.wr.opcode, WrOpcode::RdmaRead { .. }) {
         let resume = w.first_psn.add(w.resp_pkts);
         if p.is_before(resume) {
             p = resume;
         }
     }
+    // A loss: halve the window, from what was in flight.
+    let inflight = qp
+        .req_psn
+        .distance_from(qp.acked_psn)
+        .max(qp.psn_high().distance_from(qp.acked_psn));
+    qp.cwnd = (qp.cwnd.min(inflight) / 2).max(MIN_CWND);
     qp.sq_next = i;
     qp.req_psn = p;
     for w in qp.sq.iter_mut().skip(i) {
         w.rd_counted = false;
     }
     qp.rd_outstanding = qp.sq.iter().take(i).filter(|w| w.rd_counted).count() as u32;
-    qp.rnr_deadline = None;
-    qp.ack_deadline = qp.ack_timeout().map(|t| now + t);
+}
+
+const MIN_CWND: u32 = 4;
+
+/// True when some WQE was sent and is not complete yet.
+fn outstanding(qp: &Qp) -> bool {
+    qp.sq.front().is_some_and(|w| w.started)
+}
+
+/// After acknowledgements: nothing acknowledged is sent again (a retransmission in progress
+/// skips ahead), and with nothing outstanding the timer stops.
+fn after_ack(qp: &mut Qp) {
+    if qp.req_psn.is_before(qp.acked_psn) {
+        let p = qp.acked_psn;
+        let i = qp
+            .sq
+            .iter()
+            .take_while(|w| w.started)
+            .position(|w| !w.last_psn().is_before(p));
+        match i {
+            Some(i) => {
+                let w = &qp.sq[i];
+                let first = w.first_psn;
+                if !matches!(w.wr.opcode, WrOpcode::RdmaRead { .. }) || !p.is_after(first) {
+                    qp.sq_next = i;
+                    qp.req_psn = if p.is_before(first) { first } else { p };
+                }
+            }
+            None => {
+                qp.sq_next = qp.sq.iter().take_while(|w| w.started).count();
+                qp.req_psn = qp.psn_high();
+                if qp.req_psn.is_before(qp.acked_psn) {
+                    qp.req_psn = qp.acked_psn;
+                }
+            }
+        }
+    }
+    if !outstanding(qp) {
+        qp.ack_deadline = None;
+    }
+}
+
+/// The window grows by the PSNs newly acknowledged up to `to` (additive per PSN, like slow
+/// start: the window doubles each round trip until the next loss).
+fn grow(qp: &mut Qp, to: Psn) {
+    let n = to
+        .distance_from(qp.acked_psn)
+        .min(super::requester::MAX_INFLIGHT_PSNS);
+    qp.cwnd = (qp.cwnd + n).min(super::requester::MAX_INFLIGHT_PSNS);
 }
 
 /// Forward progress: the retry budgets refill (rxe does the same) and the timer restarts.
 fn progress(qp: &mut Qp, now: Nanos) {
+    qp.retry_pending = false;
     qp.retry_left = qp.attr.retry_cnt;
     qp.rnr_left = qp.attr.rnr_retry;
-    qp.ack_deadline = if qp.sq_next > 0 {
+    qp.ack_deadline = if outstanding(qp) {
         qp.ack_timeout().map(|t| now + t)
     } else {
         None
@@ -54,17 +116,16 @@ fn progress(qp: &mut Qp, now: Nanos) {
 /// to it. Returns true when something completed.
 fn complete_upto(dev: &mut Dev, qp: &mut Qp, now: Nanos, psn: Psn) -> bool {
     let mut any = false;
-    while qp.sq_next > 0 {
-        let w = &qp.sq[0];
+    while let Some(w) = qp.sq.front() {
         if !w.started {
             break;
         }
         let covered = !w.last_psn().is_after(psn);
         let rd = w.wr.opcode.is_read_or_atomic();
         if rd && !w.done && !w.first_psn.is_after(psn) {
-            // The ACK covers a read/atomic whose response never came.
+            // The ACK covers a read/atomic whose response never came (an implied NAK, IBTA 9.7.5.2.2).
             let resume = w.first_psn.add(w.resp_pkts);
-            go_back(qp, now, resume);
+            implied_nak(dev, qp, now, 0, resume);
             return any;
         }
         if !covered {
@@ -82,13 +143,12 @@ fn acknowledge(dev: &mut Dev, qp: &mut Qp, now: Nanos, psn: Psn) {
         return;
     }
     if psn.next().is_after(qp.acked_psn) {
+        grow(qp, psn.next());
         qp.acked_psn = psn.next();
         progress(qp, now);
     }
     complete_upto(dev, qp, now, psn);
-    if qp.sq_next == 0 {
-        qp.ack_deadline = None;
-    }
+    after_ack(qp);
 }
 
 /// Retry budget for a transport error (sequence-error NAK, implied NAK, timeout): false when
@@ -99,6 +159,20 @@ fn spend_retry(qp: &mut Qp) -> bool {
     }
     qp.retry_left -= 1;
     true
+}
+
+/// A response is missing (a later one arrived): go back to it, spending one retry — unless a
+/// go-back for this gap is already under way.
+fn implied_nak(dev: &mut Dev, qp: &mut Qp, now: Nanos, ri: usize, resume: Psn) {
+    if qp.retry_pending {
+        return;
+    }
+    if !spend_retry(qp) {
+        fail_wqe(dev, qp, ri, WcStatus::RetryExcErr);
+        return;
+    }
+    qp.retry_pending = true;
+    go_back(qp, now, resume);
 }
 
 /// One response packet for this QP (RC only).
@@ -173,6 +247,7 @@ pub(crate) fn handle(dev: &mut Dev, qp: &mut Qp, now: Nanos, pkt: &Packet<'_>) {
 fn complete_before(dev: &mut Dev, qp: &mut Qp, now: Nanos, psn: Psn) {
     let prev = psn.sub(1);
     if psn.is_after(qp.acked_psn) {
+        grow(qp, psn);
         qp.acked_psn = psn;
         progress(qp, now);
     }
@@ -184,7 +259,7 @@ fn fail_at(dev: &mut Dev, qp: &mut Qp, psn: Psn, status: WcStatus) {
     let i = qp
         .sq
         .iter()
-        .take(qp.sq_next)
+        .take_while(|w| w.started)
         .position(|w| w.started && !w.last_psn().is_before(psn))
         .unwrap_or(0);
     fail_wqe(dev, qp, i, status);
@@ -196,7 +271,7 @@ fn read_response(dev: &mut Dev, qp: &mut Qp, now: Nanos, pkt: &Packet<'_>) {
     let Some(ri) = qp
         .sq
         .iter()
-        .take(qp.sq_next)
+        .take_while(|w| w.started)
         .position(|w| w.wr.opcode.is_read_or_atomic() && !w.done)
     else {
         dev.counters.rx_dropped += 1;
@@ -222,7 +297,7 @@ fn read_response(dev: &mut Dev, qp: &mut Qp, now: Nanos, pkt: &Packet<'_>) {
     let Some(ri) = qp
         .sq
         .iter()
-        .take(qp.sq_next)
+        .take_while(|w| w.started)
         .position(|w| w.wr.opcode.is_read_or_atomic() && !w.done)
     else {
         return;
@@ -230,13 +305,9 @@ fn read_response(dev: &mut Dev, qp: &mut Qp, now: Nanos, pkt: &Packet<'_>) {
     let expected = first.add(got);
     if !is_read || psn != expected {
         if psn.is_after(expected) || !is_read {
-            // A gap in the responses: implied NAK, ask again from the first missing one.
-            if !spend_retry(qp) {
-                fail_wqe(dev, qp, ri, WcStatus::RetryExcErr);
-                return;
-            }
-            go_back(qp, now, expected);
-            dev.counters.retransmits += 0;
+            // A gap in the responses: implied NAK, ask again from the first missing one —
+            // once per gap, not once per packet after it.
+            implied_nak(dev, qp, now, ri, expected);
         } else {
             dev.counters.rx_dropped += 1;
         }
@@ -248,14 +319,16 @@ fn read_response(dev: &mut Dev, qp: &mut Qp, now: Nanos, pkt: &Packet<'_>) {
     let off = got as u64 * mtu;
     let remaining = w.len.saturating_sub(off);
     let plen = pkt.payload.len() as u64;
-    let k = got;
-    let pos_ok = match info.position {
-        Position::Only => npkts == 1,
-        Position::First => k == 0 && npkts > 1,
-        Position::Middle => k > 0 && k + 1 < npkts,
-        Position::Last => k > 0 && k + 1 == npkts,
+    let base = w.read_base.min(got);
+    let fits = |k: u32, n: u32| match info.position {
+        Position::Only => n == 1,
+        Position::First => k == 0 && n > 1,
+        Position::Middle => k > 0 && k + 1 < n,
+        Position::Last => k > 0 && k + 1 == n,
     };
-    let len_ok = if info.position.is_last() {
+    // Numbered within the original request, or within the resumed one (IBTA 9.7.5.2.4).
+    let pos_ok = fits(got, npkts) || fits(got - base, npkts - base);
+    let len_ok = if got + 1 == npkts {
         plen == remaining
     } else {
         plen == mtu
@@ -269,18 +342,23 @@ fn read_response(dev: &mut Dev, qp: &mut Qp, now: Nanos, pkt: &Packet<'_>) {
     dev.mem.scatter(&sges, off, pkt.payload);
     let w = &mut qp.sq[ri];
     w.resp_pkts += 1;
+    // Each response in order acknowledges its PSN.
+    if psn.next().is_after(qp.acked_psn) {
+        grow(qp, psn.next());
+        qp.acked_psn = psn.next();
+    }
+    let w = &mut qp.sq[ri];
     if info.position.is_last() {
         w.done = true;
         let last = w.last_psn();
+        grow(qp, last.next());
         qp.acked_psn = last.next();
         progress(qp, now);
         complete_upto(dev, qp, now, last);
     } else {
         progress(qp, now);
     }
-    if qp.sq_next == 0 {
-        qp.ack_deadline = None;
-    }
+    after_ack(qp);
 }
 
 fn atomic_ack(dev: &mut Dev, qp: &mut Qp, now: Nanos, pkt: &Packet<'_>) {
@@ -288,7 +366,7 @@ fn atomic_ack(dev: &mut Dev, qp: &mut Qp, now: Nanos, pkt: &Packet<'_>) {
     let Some(ri) = qp
         .sq
         .iter()
-        .take(qp.sq_next)
+        .take_while(|w| w.started)
         .position(|w| w.wr.opcode.is_read_or_atomic() && !w.done)
     else {
         dev.counters.rx_dropped += 1;
@@ -297,11 +375,8 @@ fn atomic_ack(dev: &mut Dev, qp: &mut Qp, now: Nanos, pkt: &Packet<'_>) {
     let first = qp.sq[ri].first_psn;
     if psn != first || !qp.sq[ri].wr.opcode.is_atomic() {
         if psn.is_after(first) {
-            if !spend_retry(qp) {
-                fail_wqe(dev, qp, ri, WcStatus::RetryExcErr);
-                return;
-            }
-            go_back(qp, now, first);
+            let resume = first.add(qp.sq[ri].resp_pkts);
+            implied_nak(dev, qp, now, ri, resume);
         } else {
             dev.counters.rx_dropped += 1;
         }
@@ -313,7 +388,7 @@ fn atomic_ack(dev: &mut Dev, qp: &mut Qp, now: Nanos, pkt: &Packet<'_>) {
     let Some(ri) = qp
         .sq
         .iter()
-        .take(qp.sq_next)
+        .take_while(|w| w.started)
         .position(|w| w.wr.opcode.is_read_or_atomic() && !w.done)
     else {
         return;
@@ -325,12 +400,11 @@ fn atomic_ack(dev: &mut Dev, qp: &mut Qp, now: Nanos, pkt: &Packet<'_>) {
     let w = &mut qp.sq[ri];
     w.done = true;
     w.resp_pkts = 1;
+    grow(qp, psn.next());
     qp.acked_psn = psn.next();
     progress(qp, now);
     complete_upto(dev, qp, now, psn);
-    if qp.sq_next == 0 {
-        qp.ack_deadline = None;
-    }
+    after_ack(qp);
 }
 
 /// The ACK and RNR timers.
@@ -345,7 +419,7 @@ pub(crate) fn timeout(dev: &mut Dev, qp: &mut Qp, now: Nanos) {
     if let Some(t) = qp.ack_deadline {
         if t <= now {
             qp.ack_deadline = None;
-            if qp.sq_next == 0 {
+            if !outstanding(qp) {
                 return;
             }
             dev.counters.local_ack_timeouts += 1;

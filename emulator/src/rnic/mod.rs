@@ -451,6 +451,19 @@ impl Rnic {
         Ok(a)
     }
 
+    /// A one-line description of a QP's transport state, for failure messages.
+    pub fn debug_qp(&self, qpn: Qpn) -> String {
+        match self.qp(qpn) {
+            Ok(q) => format!(
+                "qp {} {:?} sq={} sq_next={} req_psn={} acked={} high={} cwnd={} retry={} rnr={} ack_dl={:?} rnr_dl={:?} rd_out={} epsn={} resp_out={} sched={} front={:?}",
+                q.qpn, q.state, q.sq.len(), q.sq_next, q.req_psn, q.acked_psn, q.psn_high(), q.cwnd, q.retry_left, q.rnr_left,
+                q.ack_deadline, q.rnr_deadline, q.rd_outstanding, q.epsn, q.resp_out.len(), q.scheduled,
+                q.sq.front().map(|w| (w.first_psn.value(), w.npkts, w.started, w.done, w.resp_pkts))
+            ),
+            Err(e) => e.to_string(),
+        }
+    }
+
     pub fn qp_type(&self, qpn: Qpn) -> Result<QpType, VerbsError> {
         Ok(self.qp(qpn)?.qp_type)
     }
@@ -712,6 +725,7 @@ impl Rnic {
             npkts: 0,
             started: false,
             resp_pkts: 0,
+            read_base: 0,
             rd_counted: false,
             done: false,
             signaled,
@@ -842,18 +856,26 @@ impl Rnic {
                 continue;
             };
             qp.scheduled = false;
-            let n = if !qp.resp_out.is_empty() {
-                responder::produce(&mut self.dev, qp, now, buf)
-            } else if qp.has_request_work() {
-                requester::produce(&mut self.dev, qp, now, buf)
-            } else {
-                None
-            };
-            self.refresh(slot);
-            if let Some(n) = n {
-                self.dev.counters.tx_packets += 1;
-                self.dev.counters.tx_bytes += n as u64;
-                return Some(n);
+            let mut n = None;
+            // Responses first (they free the peer's resources); each failed attempt consumes
+            // the entry it tried, so this ends.
+            while n.is_none() && !qp.resp_out.is_empty() {
+                n = responder::produce(&mut self.dev, qp, now, buf);
+            }
+            if n.is_none() && qp.has_request_work() {
+                n = requester::produce(&mut self.dev, qp, now, buf);
+            }
+            match n {
+                Some(n) => {
+                    // More to send: back to the end of the round-robin schedule.
+                    self.refresh(slot);
+                    self.dev.counters.tx_packets += 1;
+                    self.dev.counters.tx_bytes += n as u64;
+                    return Some(n);
+                }
+                // Blocked (window, max_rd_atomic, fence) or done: off the schedule until an
+                // ACK, a timer or a post changes that.
+                None => self.refresh_timers(slot),
             }
         }
         None
@@ -910,15 +932,24 @@ impl Rnic {
             qp.scheduled = true;
             self.tx_sched.push_back(slot);
         }
-        for d in [qp.ack_deadline, qp.rnr_deadline].into_iter().flatten() {
-            // Duplicate entries are harmless: stale ones are skipped.
-            if !self
-                .timers
-                .iter()
-                .any(|Reverse((t, s))| *t == d && *s == slot)
-                || self.timers.len() < 64
-            {
-                self.timers.push(Reverse((d, slot)));
+        self.refresh_timers(slot);
+    }
+
+    /// Puts a QP's deadlines on the timer heap when they changed (stale entries are skipped
+    /// when they come up).
+    fn refresh_timers(&mut self, slot: usize) {
+        let Some(qp) = self.qps[slot].as_mut() else {
+            return;
+        };
+        for (d, pushed) in [
+            (qp.ack_deadline, &mut qp.ack_pushed),
+            (qp.rnr_deadline, &mut qp.rnr_pushed),
+        ] {
+            if let Some(t) = d {
+                if *pushed != Some(t) {
+                    *pushed = Some(t);
+                    self.timers.push(Reverse((t, slot)));
+                }
             }
         }
     }

@@ -18,6 +18,9 @@ pub(crate) struct SendWqe {
     pub started: bool,
     /// For READ: response packets received in order; for atomics: 1 once answered.
     pub resp_pkts: u32,
+    /// For READ: the response index the last (re)request started at; responses to a resumed
+    /// read start again at FIRST (IBTA 9.7.5.2.4).
+    pub read_base: u32,
     /// Counted against max_rd_atomic.
     pub rd_counted: bool,
     /// All its responses/acks are in: ready to complete in order.
@@ -130,8 +133,17 @@ pub(crate) struct Qp {
     pub acked_psn: Psn,
     pub retry_left: u8,
     pub rnr_left: u8,
+    /// A go-back-N for a lost response is under way: further gaps in the same stream do not
+    /// spend another retry (rxe's `started_retry`).
+    pub retry_pending: bool,
     pub ack_deadline: Option<Nanos>,
     pub rnr_deadline: Option<Nanos>,
+    /// The deadlines last put on the device's timer heap.
+    pub ack_pushed: Option<Nanos>,
+    pub rnr_pushed: Option<Nanos>,
+    /// Congestion window in PSNs: halves on every loss, grows with every PSN acknowledged
+    /// (AIMD, so that go-back-N does not resend a whole queue for each lost packet).
+    pub cwnd: u32,
     /// Restart PSN to use when the RNR timer fires.
     pub rnr_psn: Psn,
 
@@ -169,8 +181,12 @@ impl Qp {
             psn_high_: Psn::new(0),
             retry_left: 0,
             rnr_left: 0,
+            retry_pending: false,
             ack_deadline: None,
             rnr_deadline: None,
+            ack_pushed: None,
+            rnr_pushed: None,
+            cwnd: crate::rnic::requester::MAX_INFLIGHT_PSNS,
             rnr_psn: Psn::new(0),
             rq: VecDeque::new(),
             epsn: Psn::new(0),

@@ -124,9 +124,6 @@ pub(crate) fn produce(dev: &mut Dev, qp: &mut Qp, now: Nanos, buf: &mut [u8]) ->
                 {
                     return None;
                 }
-                if qp.req_psn.distance_from(qp.acked_psn) >= MAX_INFLIGHT_PSNS {
-                    return None;
-                }
             }
             let inline = w.wr.flags.contains(SendFlags::INLINE);
             if !inline {
@@ -150,6 +147,14 @@ pub(crate) fn produce(dev: &mut Dev, qp: &mut Qp, now: Nanos, buf: &mut [u8]) ->
             w.first_psn = psn;
             w.npkts = npkts;
             w.started = true;
+        }
+        // The window (IBTA 9.7.4.1.2 caps it at 2^23; the congestion window is smaller): at
+        // least one packet may always be outstanding.
+        if qp.qp_type == QpType::Rc {
+            let inflight = qp.req_psn.distance_from(qp.acked_psn);
+            if inflight > 0 && inflight >= qp.cwnd.min(MAX_INFLIGHT_PSNS) {
+                return None;
+            }
         }
         return emit_packet(dev, qp, idx, now, buf);
     }
@@ -299,6 +304,7 @@ fn emit_packet(
         dev.counters.retransmits += 1;
     }
     if is_read {
+        qp.sq[idx].read_base = k;
         qp.req_psn = qp.sq[idx].first_psn.add(n);
     } else {
         qp.req_psn = psn.next();
