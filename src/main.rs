@@ -3,6 +3,7 @@ use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 mod decode;
+mod demo;
 
 #[derive(Parser, Debug)]
 #[command(name = "rocemu", version, about = "RoCEmu: a software RoCEv2 NIC")]
@@ -15,12 +16,16 @@ struct Cli {
 enum Cmd {
     /// Describe every frame of a capture (pcap or pcapng), one line or one JSON object each.
     Decode(decode::Args),
+    /// Two RoCEmu RNICs in one process: every verb, then RC over a lossy wire; checks every
+    /// byte and completion and prints a table. Exit status 0 only when everything verified.
+    Demo(demo::Args),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match cli.cmd {
         Cmd::Decode(a) => decode::run(&a),
+        Cmd::Demo(a) => demo::run(&a),
     };
     match r {
         Ok(code) => code,

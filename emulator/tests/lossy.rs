@@ -109,8 +109,8 @@ fn run(
         let cqa = p.a.create_cq(8192).unwrap();
         let cqb = p.b.create_cq(8192).unwrap();
         let cap = QpCap {
-            max_send_wr: 256,
-            max_recv_wr: 256,
+            max_send_wr: 1024,
+            max_recv_wr: 1024,
             max_send_sge: 1,
             max_recv_sge: 1,
             max_inline_data: 0,
@@ -376,5 +376,42 @@ fn small_debug_case() {
     {
         eprintln!("case {i}");
         run(1, Mtu::M1024, imp, 1, ops).unwrap();
+    }
+}
+
+/// 200 back-to-back 3000-byte READs, 16 outstanding, over 5 % loss, reordering and duplication
+/// (the demo's lossy READ row).
+#[test]
+fn many_reads_over_loss_reorder_duplication() {
+    let imp = Impairments {
+        loss: 0.05,
+        reorder: 0.05,
+        duplicate: 0.05,
+        corrupt: 0.0,
+        delay: Nanos::from_micros(2),
+        reorder_delay: Nanos::from_micros(6),
+    };
+    for seed in 0..20 {
+        run(
+            seed,
+            Mtu::M1024,
+            imp,
+            1,
+            (0..200).map(|_| Op::Read(3000)).collect(),
+        )
+        .unwrap();
+        run(
+            seed,
+            Mtu::M1024,
+            imp,
+            1,
+            (0..64).map(|i| Op::FetchAdd(i + 1)).collect(),
+        )
+        .unwrap();
+        let mut mixed: Vec<Op> = (0..200).map(|_| Op::Send(3000)).collect();
+        mixed.extend((0..200).map(|_| Op::Write(3000)));
+        mixed.extend((0..200).map(|_| Op::Read(3000)));
+        mixed.extend((0..64).map(|i| Op::FetchAdd(i + 1)));
+        run(seed, Mtu::M1024, imp, 1, mixed).unwrap();
     }
 }

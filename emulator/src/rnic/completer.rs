@@ -90,6 +90,29 @@ fn after_ack(qp: &mut Qp) {
     }
 }
 
+/// Moves the acknowledged PSN forward to `to`, but never past a read or atomic whose response
+/// has not arrived: an ACK or NAK beyond it acknowledges the request, not the data (IBTA
+/// 9.7.5.2.2). Returns true when it moved.
+fn advance_acked(qp: &mut Qp, to: Psn) -> bool {
+    let limit = qp
+        .sq
+        .iter()
+        .take_while(|w| w.started)
+        .find(|w| w.wr.opcode.is_read_or_atomic() && !w.done)
+        .map(|w| w.first_psn.add(w.resp_pkts));
+    let to = match limit {
+        Some(l) if to.is_after(l) => l,
+        _ => to,
+    };
+    if to.is_after(qp.acked_psn) {
+        grow(qp, to);
+        qp.acked_psn = to;
+        true
+    } else {
+        false
+    }
+}
+
 /// The window grows by the PSNs newly acknowledged up to `to` (additive per PSN, like slow
 /// start: the window doubles each round trip until the next loss).
 fn grow(qp: &mut Qp, to: Psn) {
@@ -142,9 +165,7 @@ fn acknowledge(dev: &mut Dev, qp: &mut Qp, now: Nanos, psn: Psn) {
     if !psn.is_before(qp.psn_high()) || psn.next().is_before(qp.acked_psn) {
         return;
     }
-    if psn.next().is_after(qp.acked_psn) {
-        grow(qp, psn.next());
-        qp.acked_psn = psn.next();
+    if advance_acked(qp, psn.next()) {
         progress(qp, now);
     }
     complete_upto(dev, qp, now, psn);
@@ -246,9 +267,7 @@ pub(crate) fn handle(dev: &mut Dev, qp: &mut Qp, now: Nanos, pkt: &Packet<'_>) {
 /// A NAK or response at `psn` acknowledges everything before it.
 fn complete_before(dev: &mut Dev, qp: &mut Qp, now: Nanos, psn: Psn) {
     let prev = psn.sub(1);
-    if psn.is_after(qp.acked_psn) {
-        grow(qp, psn);
-        qp.acked_psn = psn;
+    if advance_acked(qp, psn) {
         progress(qp, now);
     }
     complete_upto(dev, qp, now, prev);
@@ -342,17 +361,16 @@ fn read_response(dev: &mut Dev, qp: &mut Qp, now: Nanos, pkt: &Packet<'_>) {
     dev.mem.scatter(&sges, off, pkt.payload);
     let w = &mut qp.sq[ri];
     w.resp_pkts += 1;
-    // Each response in order acknowledges its PSN.
-    if psn.next().is_after(qp.acked_psn) {
-        grow(qp, psn.next());
-        qp.acked_psn = psn.next();
-    }
-    let w = &mut qp.sq[ri];
-    if info.position.is_last() {
+    let last = info.position.is_last();
+    if last {
         w.done = true;
+    }
+    // Each response in order acknowledges its PSN.
+    advance_acked(qp, psn.next());
+    let w = &mut qp.sq[ri];
+    if last {
         let last = w.last_psn();
-        grow(qp, last.next());
-        qp.acked_psn = last.next();
+        advance_acked(qp, last.next());
         progress(qp, now);
         complete_upto(dev, qp, now, last);
     } else {
@@ -400,8 +418,7 @@ fn atomic_ack(dev: &mut Dev, qp: &mut Qp, now: Nanos, pkt: &Packet<'_>) {
     let w = &mut qp.sq[ri];
     w.done = true;
     w.resp_pkts = 1;
-    grow(qp, psn.next());
-    qp.acked_psn = psn.next();
+    advance_acked(qp, psn.next());
     progress(qp, now);
     complete_upto(dev, qp, now, psn);
     after_ack(qp);

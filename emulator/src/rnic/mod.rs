@@ -893,8 +893,22 @@ impl Rnic {
                 return Some(t);
             }
             self.timers.pop();
+            self.forget_timer(t, slot);
         }
         None
+    }
+
+    /// A heap entry left: the QP's deadline, if it is set again to the same instant, must be
+    /// pushed again.
+    fn forget_timer(&mut self, t: Nanos, slot: usize) {
+        if let Some(qp) = self.qps.get_mut(slot).and_then(Option::as_mut) {
+            if qp.ack_pushed == Some(t) {
+                qp.ack_pushed = None;
+            }
+            if qp.rnr_pushed == Some(t) {
+                qp.rnr_pushed = None;
+            }
+        }
     }
 
     fn timer_live(&self, t: Nanos, slot: usize) -> bool {
@@ -912,7 +926,9 @@ impl Rnic {
                 break;
             }
             self.timers.pop();
-            if !self.timer_live(t, slot) {
+            let live = self.timer_live(t, slot);
+            self.forget_timer(t, slot);
+            if !live {
                 continue;
             }
             if let Some(qp) = self.qps[slot].as_mut() {

@@ -151,7 +151,11 @@ pub(crate) fn produce(dev: &mut Dev, qp: &mut Qp, now: Nanos, buf: &mut [u8]) ->
         // The window (IBTA 9.7.4.1.2 caps it at 2^23; the congestion window is smaller): at
         // least one packet may always be outstanding.
         if qp.qp_type == QpType::Rc {
-            let inflight = qp.req_psn.distance_from(qp.acked_psn);
+            let inflight = if qp.req_psn.is_before(qp.acked_psn) {
+                0
+            } else {
+                qp.req_psn.distance_from(qp.acked_psn)
+            };
             if inflight > 0 && inflight >= qp.cwnd.min(MAX_INFLIGHT_PSNS) {
                 return None;
             }
@@ -176,7 +180,14 @@ fn emit_packet(
         .distance_from(w.first_psn)
         .min(w.npkts.saturating_sub(1));
     let n = w.npkts;
-    let opcode = packet_opcode(&w.wr.opcode, uc, k, n);
+    let opcode = if ud {
+        match w.wr.opcode {
+            WrOpcode::SendWithImm { .. } => Opcode::UD_SEND_ONLY_WITH_IMMEDIATE,
+            _ => Opcode::UD_SEND_ONLY,
+        }
+    } else {
+        packet_opcode(&w.wr.opcode, uc, k, n)
+    };
     let is_read = matches!(w.wr.opcode, WrOpcode::RdmaRead { .. });
     let offset = k as u64 * mtu;
     let (payload_len, last) = match w.wr.opcode {

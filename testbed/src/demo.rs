@@ -1,0 +1,504 @@
+//! `rocemu demo`: two RoCEmu RNICs in one process, joined by the in-process wire. Runs every
+//! verb the RNIC supports, then the same RC traffic over a lossy, reordering, duplicating wire
+//! so that retransmission shows; checks every byte and every completion; prints a table.
+use rocemu_emulator::port::wire::{Impairments, Wire};
+use rocemu_emulator::rnic::mr::MrInfo;
+use rocemu_emulator::rnic::*;
+use rocemu_emulator::sim::{ConnectOpts, Pair, IP_A, IP_B};
+use rocemu_emulator::time::Nanos;
+use rocemu_wire::{QKey, Qpn};
+
+/// One row of the table.
+#[derive(Debug, Clone)]
+pub struct Row {
+    pub operation: String,
+    pub messages: u64,
+    pub bytes: u64,
+    pub packets: u64,
+    pub retransmissions: u64,
+    pub ok: bool,
+    pub detail: String,
+}
+
+struct Side {
+    qp: Qpn,
+    cq: CqId,
+    mr: MrInfo,
+}
+
+const MR_LEN: usize = 1 << 22;
+
+fn make_side(r: &mut Rnic, t: QpType) -> Side {
+    let pd = r.alloc_pd();
+    let cq = r.create_cq(4096).expect("cq");
+    let cap = QpCap {
+        max_send_wr: 512,
+        max_recv_wr: 512,
+        max_send_sge: 2,
+        max_recv_sge: 2,
+        max_inline_data: 128,
+    };
+    let qp = r
+        .create_qp(
+            pd,
+            QpInitAttr {
+                qp_type: t,
+                send_cq: cq,
+                recv_cq: cq,
+                srq: None,
+                cap,
+                sq_sig_all: true,
+            },
+        )
+        .expect("qp");
+    let mr = r.reg_mr(pd, MR_LEN, Access::ALL).expect("mr");
+    Side { qp, cq, mr }
+}
+
+fn pattern(seed: u32, n: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(2_654_435_761) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x as u8
+        })
+        .collect()
+}
+
+struct Ctx {
+    p: Pair,
+}
+
+impl Ctx {
+    fn drain(
+        &mut self,
+        cq_a: CqId,
+        cq_b: CqId,
+        want_a: usize,
+        want_b: usize,
+    ) -> Result<(Vec<Wc>, Vec<Wc>), String> {
+        let (mut wa, mut wb) = (Vec::new(), Vec::new());
+        self.p.drive_until(50_000_000, |p| {
+            p.a.poll_cq_into(cq_a, 1 << 20, &mut wa);
+            p.b.poll_cq_into(cq_b, 1 << 20, &mut wb);
+            wa.len() >= want_a && wb.len() >= want_b
+        })?;
+        self.p.drive(1_000_000)?;
+        self.p.a.poll_cq_into(cq_a, 1 << 20, &mut wa);
+        self.p.b.poll_cq_into(cq_b, 1 << 20, &mut wb);
+        Ok((wa, wb))
+    }
+}
+
+fn check(cond: bool, what: impl Into<String>, errs: &mut Vec<String>) {
+    if !cond {
+        errs.push(what.into());
+    }
+}
+
+/// The RC / UC operations of the demo on one connected pair. Returns rows.
+fn run_connected(
+    ctx: &mut Ctx,
+    t: QpType,
+    label: &str,
+    ops: &[&str],
+    count: usize,
+    size: usize,
+) -> Vec<Row> {
+    let a = make_side(&mut ctx.p.a, t);
+    let b = make_side(&mut ctx.p.b, t);
+    let o = ConnectOpts {
+        timeout: 10,
+        ..ConnectOpts::default()
+    };
+    let mut rows = Vec::new();
+    if let Err(e) = ctx.p.connect(a.qp, b.qp, &o) {
+        rows.push(Row {
+            operation: format!("{label} connect"),
+            messages: 0,
+            bytes: 0,
+            packets: 0,
+            retransmissions: 0,
+            ok: false,
+            detail: e.to_string(),
+        });
+        return rows;
+    }
+    for (k, op) in ops.iter().enumerate() {
+        let mut errs = Vec::new();
+        let frames0 = ctx.p.frames;
+        let rt0 = ctx.p.a.counters().retransmits + ctx.p.b.counters().retransmits;
+        let mut bytes = 0u64;
+        let n = if op.contains("ATOMIC") || op.contains("CMP") || op.contains("FETCH") {
+            count.min(64)
+        } else {
+            count
+        };
+        // Fill A's source area and B's target/source areas with fresh patterns.
+        let msg = |i: usize| pattern((k * 1000 + i) as u32, size);
+        let stride = size.next_multiple_of(64).max(64);
+        for i in 0..n {
+            let data = msg(i);
+            let off = i * stride;
+            ctx.p.a.mr_bytes_mut(a.mr.lkey).unwrap()[off..off + size].copy_from_slice(&data);
+            if *op == "RDMA_READ" {
+                ctx.p.b.mr_bytes_mut(b.mr.lkey).unwrap()[off..off + size].copy_from_slice(&data);
+                ctx.p.a.mr_bytes_mut(a.mr.lkey).unwrap()[off..off + size].fill(0);
+            }
+        }
+        if *op == "FETCH_ADD" || *op == "CMP_SWAP" {
+            ctx.p.b.mr_bytes_mut(b.mr.lkey).unwrap()[0..8].copy_from_slice(&0u64.to_le_bytes());
+        }
+        let mut want_b = 0;
+        for i in 0..n {
+            let off = i * stride;
+            let sge = Sge {
+                addr: a.mr.addr + off as u64,
+                length: size as u32,
+                lkey: a.mr.lkey,
+            };
+            let remote = b.mr.addr + off as u64;
+            let opcode = match *op {
+                "SEND" => WrOpcode::Send,
+                "SEND_WITH_IMM" => WrOpcode::SendWithImm {
+                    imm: 0x1000 + i as u32,
+                },
+                "RDMA_WRITE" => WrOpcode::RdmaWrite {
+                    remote_addr: remote,
+                    rkey: b.mr.rkey,
+                },
+                "RDMA_WRITE_WITH_IMM" => WrOpcode::RdmaWriteWithImm {
+                    remote_addr: remote,
+                    rkey: b.mr.rkey,
+                    imm: 0x2000 + i as u32,
+                },
+                "RDMA_READ" => WrOpcode::RdmaRead {
+                    remote_addr: remote,
+                    rkey: b.mr.rkey,
+                },
+                "FETCH_ADD" => WrOpcode::AtomicFetchAdd {
+                    remote_addr: b.mr.addr,
+                    rkey: b.mr.rkey,
+                    add: i as u64 + 1,
+                },
+                _ => WrOpcode::AtomicCmpSwap {
+                    remote_addr: b.mr.addr,
+                    rkey: b.mr.rkey,
+                    compare: i as u64,
+                    swap: i as u64 + 1,
+                },
+            };
+            let sg = if opcode.is_atomic() {
+                Sge { length: 8, ..sge }
+            } else {
+                sge
+            };
+            if matches!(*op, "SEND" | "SEND_WITH_IMM" | "RDMA_WRITE_WITH_IMM") {
+                let r = Sge {
+                    addr: b.mr.addr + off as u64,
+                    length: stride as u32,
+                    lkey: b.mr.lkey,
+                };
+                if let Err(e) = ctx.p.b.post_recv(
+                    b.qp,
+                    RecvWr {
+                        wr_id: i as u64,
+                        sg_list: vec![r],
+                    },
+                ) {
+                    errs.push(format!("post_recv: {e}"));
+                }
+                want_b += 1;
+            }
+            if let Err(e) = ctx
+                .p
+                .a
+                .post_send(a.qp, SendWr::new(i as u64, opcode, vec![sg]))
+            {
+                errs.push(format!("post_send: {e}"));
+            }
+            bytes += if opcode.is_atomic() { 8 } else { size as u64 };
+        }
+        match ctx.drain(a.cq, b.cq, n, want_b) {
+            Err(e) => errs.push(e),
+            Ok((wa, wb)) => {
+                check(
+                    wa.len() == n,
+                    format!("{} send completions, want {n}", wa.len()),
+                    &mut errs,
+                );
+                for (i, w) in wa.iter().enumerate() {
+                    check(
+                        w.status == WcStatus::Success && w.wr_id == i as u64,
+                        format!("send completion {i}: {:?} {}", w.status, w.wr_id),
+                        &mut errs,
+                    );
+                }
+                check(
+                    wb.len() == want_b,
+                    format!("{} receive completions, want {want_b}", wb.len()),
+                    &mut errs,
+                );
+                for (i, w) in wb.iter().enumerate() {
+                    let ok = w.status == WcStatus::Success && w.wr_id == i as u64;
+                    let imm_ok = match *op {
+                        "SEND_WITH_IMM" => {
+                            w.imm_data == 0x1000 + i as u32
+                                && w.wc_flags.contains(WcFlags::WITH_IMM)
+                        }
+                        "RDMA_WRITE_WITH_IMM" => {
+                            w.imm_data == 0x2000 + i as u32 && w.opcode == WcOpcode::RecvRdmaWithImm
+                        }
+                        _ => true,
+                    };
+                    check(
+                        ok && imm_ok,
+                        format!("receive completion {i}: {w:?}"),
+                        &mut errs,
+                    );
+                }
+                // Bytes.
+                let bm = ctx.p.b.mr_bytes(b.mr.lkey).unwrap().to_vec();
+                let am = ctx.p.a.mr_bytes(a.mr.lkey).unwrap().to_vec();
+                match *op {
+                    "SEND" | "SEND_WITH_IMM" | "RDMA_WRITE" | "RDMA_WRITE_WITH_IMM" => {
+                        for i in 0..n {
+                            let off = i * stride;
+                            check(
+                                bm[off..off + size] == msg(i)[..],
+                                format!("message {i} bytes differ"),
+                                &mut errs,
+                            );
+                        }
+                    }
+                    "RDMA_READ" => {
+                        for i in 0..n {
+                            let off = i * stride;
+                            check(
+                                am[off..off + size] == msg(i)[..],
+                                format!("read {i} bytes differ"),
+                                &mut errs,
+                            );
+                        }
+                    }
+                    "FETCH_ADD" => {
+                        let sum: u64 = (1..=n as u64).sum();
+                        let v = u64::from_le_bytes(bm[0..8].try_into().unwrap());
+                        check(
+                            v == sum,
+                            format!("counter {v}, want {sum}: an add lost or applied twice"),
+                            &mut errs,
+                        );
+                        for i in 0..n {
+                            let got = u64::from_le_bytes(
+                                am[i * stride..i * stride + 8].try_into().unwrap(),
+                            );
+                            let want: u64 = (1..=i as u64).sum();
+                            check(
+                                got == want,
+                                format!("fetch {i} returned {got}, want {want}"),
+                                &mut errs,
+                            );
+                        }
+                    }
+                    _ => {
+                        let v = u64::from_le_bytes(bm[0..8].try_into().unwrap());
+                        check(
+                            v == n as u64,
+                            format!("cmp-swap chain ended at {v}, want {n}"),
+                            &mut errs,
+                        );
+                    }
+                }
+            }
+        }
+        if !errs.is_empty() && std::env::var("ROCEMU_DEMO_DEBUG").is_ok() {
+            eprintln!(
+                "A: {}\nB: {}\nA {:?}\nB {:?}",
+                ctx.p.a.debug_qp(a.qp),
+                ctx.p.b.debug_qp(b.qp),
+                ctx.p.a.counters(),
+                ctx.p.b.counters()
+            );
+        }
+        let rt = ctx.p.a.counters().retransmits + ctx.p.b.counters().retransmits - rt0;
+        rows.push(Row {
+            operation: format!("{label} {op}"),
+            messages: n as u64,
+            bytes,
+            packets: ctx.p.frames - frames0,
+            retransmissions: rt,
+            ok: errs.is_empty(),
+            detail: errs.into_iter().take(3).collect::<Vec<_>>().join("; "),
+        });
+    }
+    rows
+}
+
+fn run_ud(ctx: &mut Ctx, count: usize, size: usize) -> Row {
+    let a = make_side(&mut ctx.p.a, QpType::Ud);
+    let b = make_side(&mut ctx.p.b, QpType::Ud);
+    let o = ConnectOpts::default();
+    let mut errs = Vec::new();
+    let frames0 = ctx.p.frames;
+    for (r, q, ip) in [(&mut ctx.p.a, a.qp, IP_B), (&mut ctx.p.b, b.qp, IP_A)] {
+        if let Err(e) = rocemu_emulator::sim::bring_up(r, q, Qpn::new(0), ip, o.psn_a, o.psn_b, &o)
+        {
+            errs.push(e.to_string());
+        }
+    }
+    let stride = (size + 40).next_multiple_of(64);
+    for i in 0..count {
+        let data = pattern(90_000 + i as u32, size);
+        ctx.p.a.mr_bytes_mut(a.mr.lkey).unwrap()[i * stride..i * stride + size]
+            .copy_from_slice(&data);
+        let r = Sge {
+            addr: b.mr.addr + (i * stride) as u64,
+            length: stride as u32,
+            lkey: b.mr.lkey,
+        };
+        let _ = ctx.p.b.post_recv(
+            b.qp,
+            RecvWr {
+                wr_id: i as u64,
+                sg_list: vec![r],
+            },
+        );
+        let mut w = SendWr::new(
+            i as u64,
+            WrOpcode::Send,
+            vec![Sge {
+                addr: a.mr.addr + (i * stride) as u64,
+                length: size as u32,
+                lkey: a.mr.lkey,
+            }],
+        );
+        w.ud = Some(UdDest {
+            ah: AhAttr::to(IP_B, rocemu_emulator::sim::MAC_B),
+            remote_qpn: b.qp,
+            remote_qkey: QKey(o.qkey.0),
+        });
+        if let Err(e) = ctx.p.a.post_send(a.qp, w) {
+            errs.push(e.to_string());
+        }
+    }
+    match ctx.drain(a.cq, b.cq, count, count) {
+        Err(e) => errs.push(e),
+        Ok((wa, wb)) => {
+            check(
+                wa.iter().all(|w| w.status == WcStatus::Success) && wa.len() == count,
+                "UD send completions",
+                &mut errs,
+            );
+            check(
+                wb.len() == count,
+                format!("{} UD receives, want {count}", wb.len()),
+                &mut errs,
+            );
+            let bm = ctx.p.b.mr_bytes(b.mr.lkey).unwrap().to_vec();
+            for (i, w) in wb.iter().enumerate() {
+                let ok = w.status == WcStatus::Success
+                    && w.byte_len as usize == size + 40
+                    && w.src_qp == a.qp
+                    && w.wc_flags.contains(WcFlags::GRH);
+                check(ok, format!("UD receive {i}: {w:?}"), &mut errs);
+                let off = w.wr_id as usize * stride;
+                check(
+                    bm[off + 40..off + 40 + size] == pattern(90_000 + w.wr_id as u32, size)[..],
+                    format!("UD datagram {i} bytes"),
+                    &mut errs,
+                );
+            }
+        }
+    }
+    Row {
+        operation: "UD SEND".into(),
+        messages: count as u64,
+        bytes: (count * size) as u64,
+        packets: ctx.p.frames - frames0,
+        retransmissions: 0,
+        ok: errs.is_empty(),
+        detail: errs.into_iter().take(3).collect::<Vec<_>>().join("; "),
+    }
+}
+
+/// Runs the whole demo. `pcap`: write every frame put on the wire.
+pub fn run(seed: u64, pcap: Option<&std::path::Path>) -> Result<Vec<Row>, String> {
+    let mut ctx = Ctx {
+        p: Pair::new(seed, Impairments::none()),
+    };
+    if let Some(path) = pcap {
+        ctx.p.capture =
+            Some(rocemu_wire::capture::CaptureWriter::create(path).map_err(|e| e.to_string())?);
+    }
+    let mut rows = Vec::new();
+    let rc_ops = [
+        "SEND",
+        "SEND_WITH_IMM",
+        "RDMA_WRITE",
+        "RDMA_WRITE_WITH_IMM",
+        "RDMA_READ",
+        "CMP_SWAP",
+        "FETCH_ADD",
+    ];
+    rows.extend(run_connected(
+        &mut ctx,
+        QpType::Rc,
+        "RC",
+        &rc_ops,
+        200,
+        3000,
+    ));
+    rows.extend(run_connected(
+        &mut ctx,
+        QpType::Uc,
+        "UC",
+        &["SEND", "SEND_WITH_IMM", "RDMA_WRITE", "RDMA_WRITE_WITH_IMM"],
+        200,
+        3000,
+    ));
+    rows.push(run_ud(&mut ctx, 200, 512));
+    // The same RC traffic over a wire that loses, reorders and duplicates 5 % of frames.
+    let imp = Impairments {
+        loss: 0.05,
+        reorder: 0.05,
+        duplicate: 0.05,
+        corrupt: 0.0,
+        delay: Nanos::from_micros(2),
+        reorder_delay: Nanos::from_micros(6),
+    };
+    ctx.p.wire = Wire::new(imp, seed ^ 0x10557);
+    let lossy = run_connected(&mut ctx, QpType::Rc, "RC lossy", &rc_ops, 200, 3000);
+    rows.extend(lossy);
+    if let Some(c) = ctx.p.capture.take() {
+        let mut w = c.into_inner();
+        std::io::Write::flush(&mut w).map_err(|e| e.to_string())?;
+    }
+    Ok(rows)
+}
+
+/// The table, one line per row.
+pub fn table(rows: &[Row]) -> String {
+    let mut s = format!(
+        "{:<28} {:>9} {:>11} {:>9} {:>16}  {}\n",
+        "operation", "messages", "bytes", "packets", "retransmissions", "result"
+    );
+    for r in rows {
+        s += &format!(
+            "{:<28} {:>9} {:>11} {:>9} {:>16}  {}\n",
+            r.operation,
+            r.messages,
+            r.bytes,
+            r.packets,
+            r.retransmissions,
+            if r.ok {
+                "ok".to_string()
+            } else {
+                format!("FAILED: {}", r.detail)
+            }
+        );
+    }
+    s
+}

@@ -1,0 +1,6 @@
+//! The testbed: `rocemu demo` (every verb over the in-process wire, then RC over a lossy one)
+//! and the perf harness behind `rocemu perf` (perftest's benchmarks on RoCEmu).
+#![forbid(unsafe_code)]
+
+pub mod demo;
+pub mod perf;
