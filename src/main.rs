@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 mod decode;
 mod demo;
+mod perf;
 
 #[derive(Parser, Debug)]
 #[command(name = "rocemu", version, about = "RoCEmu: a software RoCEv2 NIC")]
@@ -19,6 +20,8 @@ enum Cmd {
     /// Two RoCEmu RNICs in one process: every verb, then RC over a lossy wire; checks every
     /// byte and completion and prints a table. Exit status 0 only when everything verified.
     Demo(demo::Args),
+    /// perftest's benchmarks (write, read, send, atomic) on RoCEmu.
+    Perf(perf::Args),
 }
 
 fn main() -> ExitCode {
@@ -26,6 +29,7 @@ fn main() -> ExitCode {
     let r = match cli.cmd {
         Cmd::Decode(a) => decode::run(&a),
         Cmd::Demo(a) => demo::run(&a),
+        Cmd::Perf(a) => perf::run(&a),
     };
     match r {
         Ok(code) => code,

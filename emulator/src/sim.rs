@@ -115,7 +115,8 @@ impl Pair {
         }
         self.a.handle_timeout(now);
         self.b.handle_timeout(now);
-        moved
+        // A timer that fired may have queued a retransmission for `now`: that is progress too.
+        moved || self.a.wants_transmit() || self.b.wants_transmit()
     }
 
     /// The next time anything is due (a frame or a timer).

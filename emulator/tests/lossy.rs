@@ -42,6 +42,9 @@ struct Q {
     mrb: MrInfo,
 }
 
+/// One message: its id, operation, bytes and where they live.
+type Planned = (u64, Op, Vec<u8>, Place);
+
 /// Where one message's bytes live: its own buffers on both sides, so every message can be
 /// checked byte for byte after the run.
 #[derive(Debug, Clone, Copy)]
@@ -84,7 +87,7 @@ fn run(
         ..Default::default()
     };
     // Ops are dealt round robin to the QPs; each gets its own buffers.
-    let mut plan: Vec<Vec<(u64, Op, Vec<u8>, Place)>> = vec![Vec::new(); nqps];
+    let mut plan: Vec<Vec<Planned>> = vec![Vec::new(); nqps];
     let mut cursor = vec![(16usize, 16usize); nqps];
     for (i, op) in ops.into_iter().enumerate() {
         let q = i % nqps;

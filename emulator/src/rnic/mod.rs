@@ -829,15 +829,14 @@ impl Rnic {
             return;
         }
         // Connected QPs accept packets from their peer only (rxe's check_addr).
-        if qp.qp_type != QpType::Ud {
-            if !matches!(
+        if qp.qp_type != QpType::Ud
+            && (!matches!(
                 qp.state,
                 QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
-            ) || pkt.ip.src() != qp.attr.ah_attr.dgid.ip()
-            {
-                self.dev.counters.rx_dropped += 1;
-                return;
-            }
+            ) || pkt.ip.src() != qp.attr.ah_attr.dgid.ip())
+        {
+            self.dev.counters.rx_dropped += 1;
+            return;
         }
         let info = pkt.bth.opcode.info();
         if info.is_response() {

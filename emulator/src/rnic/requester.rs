@@ -54,7 +54,11 @@ pub(crate) fn fail_wqe(dev: &mut Dev, qp: &mut Qp, i: usize, status: WcStatus) {
         w.error = Some(status);
     }
     for _ in 0..i {
-        complete_front(dev, qp);
+        // A read or atomic without its response is not done: it is flushed, not a success.
+        match qp.sq.front() {
+            Some(w) if w.wr.opcode.is_read_or_atomic() && !w.done => break,
+            _ => complete_front(dev, qp),
+        }
     }
     if qp.qp_type == QpType::Rc {
         flush(dev, qp);
@@ -104,64 +108,64 @@ fn packet_opcode(op: &WrOpcode, uc: bool, k: u32, n: u32) -> Opcode {
 
 /// Builds the next request packet of `qp` into `buf`.
 pub(crate) fn produce(dev: &mut Dev, qp: &mut Qp, now: Nanos, buf: &mut [u8]) -> Option<usize> {
-    loop {
-        let idx = qp.sq_next;
-        let w = qp.sq.get(idx)?;
-        if let Some(st) = w.error {
-            fail_wqe(dev, qp, idx, st);
-            return None;
+    let idx = qp.sq_next;
+    let w = qp.sq.get(idx)?;
+    if let Some(st) = w.error {
+        fail_wqe(dev, qp, idx, st);
+        return None;
+    }
+    if !w.started {
+        if qp.state == QpState::Sqd {
+            return None; // draining: finish what started, start nothing new
         }
-        if !w.started {
-            if qp.state == QpState::Sqd {
-                return None; // draining: finish what started, start nothing new
-            }
-            if qp.qp_type == QpType::Rc {
-                if w.wr.flags.contains(SendFlags::FENCE) && qp.rd_outstanding > 0 {
-                    return None;
-                }
-                if w.wr.opcode.is_read_or_atomic()
-                    && qp.rd_outstanding >= qp.attr.max_rd_atomic.max(1) as u32
-                {
-                    return None;
-                }
-            }
-            let inline = w.wr.flags.contains(SendFlags::INLINE);
-            if !inline {
-                let write =
-                    matches!(w.wr.opcode, WrOpcode::RdmaRead { .. }) || w.wr.opcode.is_atomic();
-                if let Err(f) = dev.mem.check_sges(qp.pd, &w.wr.sg_list, write) {
-                    let st = match f {
-                        super::mr::LocalFault::Access => WcStatus::LocAccessErr,
-                        _ => WcStatus::LocProtErr,
-                    };
-                    fail_wqe(dev, qp, idx, st);
-                    return None;
-                }
-            }
-            let npkts = match w.wr.opcode {
-                WrOpcode::AtomicCmpSwap { .. } | WrOpcode::AtomicFetchAdd { .. } => 1,
-                _ => qp.pkts_for(w.len),
-            };
-            let psn = qp.req_psn;
-            let w = &mut qp.sq[idx];
-            w.first_psn = psn;
-            w.npkts = npkts;
-            w.started = true;
-        }
-        // The window (IBTA 9.7.4.1.2 caps it at 2^23; the congestion window is smaller): at
-        // least one packet may always be outstanding.
         if qp.qp_type == QpType::Rc {
-            let inflight = if qp.req_psn.is_before(qp.acked_psn) {
-                0
-            } else {
-                qp.req_psn.distance_from(qp.acked_psn)
-            };
-            if inflight > 0 && inflight >= qp.cwnd.min(MAX_INFLIGHT_PSNS) {
+            if w.wr.flags.contains(SendFlags::FENCE) && qp.rd_outstanding > 0 {
+                return None;
+            }
+            if w.wr.opcode.is_read_or_atomic()
+                && qp.rd_outstanding >= qp.attr.max_rd_atomic.max(1) as u32
+            {
                 return None;
             }
         }
-        return emit_packet(dev, qp, idx, now, buf);
+        let inline = w.wr.flags.contains(SendFlags::INLINE);
+        if !inline {
+            let write = matches!(w.wr.opcode, WrOpcode::RdmaRead { .. }) || w.wr.opcode.is_atomic();
+            if let Err(f) = dev.mem.check_sges(qp.pd, &w.wr.sg_list, write) {
+                let st = match f {
+                    super::mr::LocalFault::Access => WcStatus::LocAccessErr,
+                    _ => WcStatus::LocProtErr,
+                };
+                fail_wqe(dev, qp, idx, st);
+                return None;
+            }
+        }
+        let npkts = match w.wr.opcode {
+            WrOpcode::AtomicCmpSwap { .. } | WrOpcode::AtomicFetchAdd { .. } => 1,
+            // A UD message is one packet (its length was checked against the MTU at post;
+            // a UD QP has no path MTU of its own).
+            _ if qp.qp_type == QpType::Ud => 1,
+            _ => qp.pkts_for(w.len),
+        };
+        let psn = qp.req_psn;
+        let w = &mut qp.sq[idx];
+        w.first_psn = psn;
+        w.npkts = npkts;
+        w.started = true;
     }
+    // The window (IBTA 9.7.4.1.2 caps it at 2^23; the congestion window is smaller): at
+    // least one packet may always be outstanding.
+    if qp.qp_type == QpType::Rc {
+        let inflight = if qp.req_psn.is_before(qp.acked_psn) {
+            0
+        } else {
+            qp.req_psn.distance_from(qp.acked_psn)
+        };
+        if inflight > 0 && inflight >= qp.cwnd.min(MAX_INFLIGHT_PSNS) {
+            return None;
+        }
+    }
+    emit_packet(dev, qp, idx, now, buf)
 }
 
 fn emit_packet(
@@ -171,7 +175,11 @@ fn emit_packet(
     now: Nanos,
     buf: &mut [u8],
 ) -> Option<usize> {
-    let mtu = qp.mtu();
+    let mtu = if qp.qp_type == QpType::Ud {
+        qp.sq[idx].len.max(1)
+    } else {
+        qp.mtu()
+    };
     let uc = qp.qp_type == QpType::Uc;
     let ud = qp.qp_type == QpType::Ud;
     let w = &qp.sq[idx];
@@ -200,21 +208,23 @@ fn emit_packet(
     bth.pad = pad_for(payload_len as usize);
     bth.pkey = PKey::DEFAULT;
     bth.solicited = last && w.wr.flags.contains(SendFlags::SOLICITED);
-    bth.ack_req = qp.qp_type == QpType::Rc && (last || (k + 1) % MAX_PKTS_PER_ACK == 0);
+    // Ask for an ACK at the end of a message, every MAX_PKTS_PER_ACK packets, and when this
+    // packet fills the window: otherwise nothing acknowledges it before the ACK timeout.
+    let fills_window = psn.next().distance_from(qp.acked_psn) >= qp.cwnd.min(MAX_INFLIGHT_PSNS);
+    bth.ack_req = qp.qp_type == QpType::Rc
+        && (last || fills_window || (k + 1).is_multiple_of(MAX_PKTS_PER_ACK));
     let mut ext = ExtHeaders::default();
     let info = opcode.info();
     match w.wr.opcode {
         WrOpcode::RdmaWrite { remote_addr, rkey }
         | WrOpcode::RdmaWriteWithImm {
             remote_addr, rkey, ..
-        } => {
-            if info.has(rocemu_wire::opcode::hdr::RETH) {
-                ext.reth = Some(RethRepr {
-                    va: remote_addr,
-                    rkey: RKey(rkey),
-                    dma_len: w.len as u32,
-                });
-            }
+        } if info.has(rocemu_wire::opcode::hdr::RETH) => {
+            ext.reth = Some(RethRepr {
+                va: remote_addr,
+                rkey: RKey(rkey),
+                dma_len: w.len as u32,
+            });
         }
         WrOpcode::RdmaRead { remote_addr, rkey } => {
             // Resuming mid-read (go-back-N, IBTA 9.7.5.2.4): ask for the rest only.

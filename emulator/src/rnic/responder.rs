@@ -72,7 +72,11 @@ fn fatal(dev: &mut Dev, qp: &mut Qp, psn: Psn, code: NakCode, recv_status: Optio
         let wc = recv_wc(qp, &wqe, recv_status.unwrap_or(WcStatus::RemInvReqErr), 0);
         dev.push_wc(qp.recv_cq, wc);
     }
+    // Responses owed for requests accepted before this one still go out, ahead of the NAK
+    // (rxe executes requests one at a time: they were sent before this packet was looked at).
+    let owed = std::mem::take(&mut qp.resources);
     flush(dev, qp);
+    qp.resources = owed;
 }
 
 /// One request packet for this QP.
@@ -192,10 +196,10 @@ fn take_recv(dev: &mut Dev, qp: &mut Qp, psn: Psn) -> Option<RecvWqe> {
         None => {
             // No receive posted: RNR NAK with our min_rnr_timer; drop what follows until the
             // requester comes back to this PSN.
-            if !qp.nak_sent {
-                qp.nak_sent = true;
-                push_nak(dev, qp, psn, Syndrome::rnr_nak(qp.attr.min_rnr_timer));
-            }
+            // Every attempt at the expected PSN gets its RNR NAK (rxe: RESPST_ERR_RNR, class
+            // B); nak_sent only silences the out-of-sequence packets behind it.
+            qp.nak_sent = true;
+            push_nak(dev, qp, psn, Syndrome::rnr_nak(qp.attr.min_rnr_timer));
             None
         }
     }

@@ -1,0 +1,255 @@
+//! `rocemu perf TEST [options] [SERVER]` (contract: shared/contracts.md): perftest's
+//! benchmarks on RoCEmu.
+use rocemu_emulator::port::wire::Impairments;
+use rocemu_emulator::rnic::Mtu;
+use rocemu_emulator::time::Nanos;
+use rocemu_testbed::perf::{self, Opts, Report, Test};
+use std::process::ExitCode;
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TestArg {
+    Write,
+    Read,
+    Send,
+    Atomic,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// write, read, send or atomic (fetch-and-add; --cmp-swap for compare-and-swap).
+    #[arg(value_enum)]
+    test: TestArg,
+    /// With a datapath (--dev): the server's address; without it this end is the server.
+    server: Option<String>,
+    /// Message size in bytes.
+    #[arg(short = 's', long)]
+    size: Option<usize>,
+    /// Iterations (messages per QP).
+    #[arg(short = 'n', long)]
+    iters: Option<u64>,
+    /// Run for this many seconds instead of a number of iterations.
+    #[arg(short = 'D', long)]
+    duration: Option<f64>,
+    /// Queue pairs (traffic round robin over them).
+    #[arg(short = 'q', long, default_value_t = 1)]
+    qps: usize,
+    /// Path MTU: 256, 512, 1024, 2048 or 4096.
+    #[arg(short = 'm', long, default_value_t = 4096)]
+    mtu: usize,
+    /// Work requests outstanding per QP.
+    #[arg(short = 't', long = "tx-depth", default_value_t = 128)]
+    tx_depth: usize,
+    /// Every size from 2 bytes to 8 MiB.
+    #[arg(short = 'a', long)]
+    all: bool,
+    /// Bandwidth in Gbit/s.
+    #[arg(long = "report_gbits", alias = "report-gbits")]
+    report_gbits: bool,
+    /// Compare-and-swap instead of fetch-and-add (atomic).
+    #[arg(long = "cmp-swap")]
+    cmp_swap: bool,
+    /// Measure latency instead of bandwidth.
+    #[arg(long)]
+    lat: bool,
+    /// Check every delivered byte (and, for atomics, the final value) through the wire.
+    #[arg(long)]
+    verify: bool,
+    /// The last line of stdout is one JSON object with the figures.
+    #[arg(long)]
+    json: bool,
+    /// Wire impairments (probabilities per frame, 0…1), deterministic from --seed.
+    #[arg(long, default_value_t = 0.0)]
+    loss: f64,
+    #[arg(long, default_value_t = 0.0)]
+    reorder: f64,
+    #[arg(long, default_value_t = 0.0)]
+    duplicate: f64,
+    #[arg(long, default_value_t = 0.0)]
+    corrupt: f64,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Local ACK timeout exponent: 4.096 µs × 2^N (perftest's -u).
+    #[arg(short = 'u', long = "qp-timeout", default_value_t = 14)]
+    qp_timeout: u8,
+    /// Datapath: af_packet:IFACE or dpdk:'EAL ARGS'. Without it both ends run in-process.
+    #[arg(long)]
+    dev: Option<String>,
+    /// This end's address (with --dev).
+    #[arg(long)]
+    ip: Option<String>,
+    /// This end's MAC (with --dev).
+    #[arg(long)]
+    mac: Option<String>,
+    /// TCP port of perftest's exchange (with --dev).
+    #[arg(short = 'p', long, default_value_t = 18515)]
+    port: u16,
+}
+
+fn check_prob(name: &str, p: f64) -> Result<(), String> {
+    if !(0.0..=1.0).contains(&p) {
+        return Err(format!("--{name} {p}: a probability is between 0 and 1"));
+    }
+    Ok(())
+}
+
+pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
+    if a.dev.is_some() || a.server.is_some() || a.ip.is_some() || a.mac.is_some() {
+        return Err("perf on a real datapath (--dev, --ip, --mac, SERVER) is not available in this build yet: \
+                    run it without them for the in-process datapath"
+            .into());
+    }
+    let mtu = Mtu::from_bytes(a.mtu)
+        .ok_or_else(|| format!("-m {}: the path MTU is 256, 512, 1024, 2048 or 4096", a.mtu))?;
+    for (n, p) in [
+        ("loss", a.loss),
+        ("reorder", a.reorder),
+        ("duplicate", a.duplicate),
+        ("corrupt", a.corrupt),
+    ] {
+        check_prob(n, p)?;
+    }
+    if a.qps == 0 || a.qps > 1 << 16 {
+        return Err(format!("-q {}: between 1 and 65536 QPs", a.qps).into());
+    }
+    if a.tx_depth == 0 || a.tx_depth > 8192 {
+        return Err(format!("-t {}: tx depth between 1 and 8192", a.tx_depth).into());
+    }
+    if a.cmp_swap && a.test != TestArg::Atomic {
+        return Err("--cmp-swap goes with the atomic test".into());
+    }
+    if a.qp_timeout > 31 {
+        return Err("-u: timeout exponent 0…31".into());
+    }
+    let test = match a.test {
+        TestArg::Write => Test::Write,
+        TestArg::Read => Test::Read,
+        TestArg::Send => Test::Send,
+        TestArg::Atomic => Test::Atomic {
+            cmp_swap: a.cmp_swap,
+        },
+    };
+    let atomic = matches!(test, Test::Atomic { .. });
+    let default_size = if a.lat { 2 } else { 65536 };
+    let size = if atomic {
+        8
+    } else {
+        a.size.unwrap_or(default_size)
+    };
+    if size > 1 << 31 {
+        return Err("-s: at most 2^31 bytes".into());
+    }
+    let iters = a.iters.unwrap_or(if a.lat { 1000 } else { 5000 });
+    let imp = Impairments {
+        loss: a.loss,
+        reorder: a.reorder,
+        duplicate: a.duplicate,
+        corrupt: a.corrupt,
+        delay: Nanos::ZERO,
+        reorder_delay: Nanos::from_micros(20),
+    };
+    let sizes: Vec<usize> = if a.all && !atomic {
+        (1..=23).map(|e| 1usize << e).collect()
+    } else {
+        vec![size]
+    };
+    let mut reports: Vec<Report> = Vec::new();
+    let op = match test {
+        Test::Write => "RDMA_Write",
+        Test::Read => "RDMA_Read",
+        Test::Send => "Send",
+        Test::Atomic { cmp_swap: false } => "Atomic FETCH_AND_ADD",
+        Test::Atomic { cmp_swap: true } => "Atomic CMP_AND_SWAP",
+    };
+    let rule =
+        "---------------------------------------------------------------------------------------";
+    println!("{rule}");
+    println!(
+        "                    {op} {} Test",
+        if a.lat { "Latency" } else { "BW" }
+    );
+    println!(" Device         : rocemu (in-process, one engine thread)");
+    println!(" Number of qps  : {}\t\tTransport type : IB", a.qps);
+    println!(" Connection type : RC\t\tUsing SRQ      : OFF");
+    println!(" TX depth       : {}", a.tx_depth);
+    println!(" Mtu            : {}[B]", mtu.bytes());
+    println!(" Link type      : Ethernet (RoCEv2)");
+    if imp.loss + imp.reorder + imp.duplicate + imp.corrupt > 0.0 {
+        println!(
+            " Impairments    : loss {} reorder {} duplicate {} corrupt {} (seed {})",
+            a.loss, a.reorder, a.duplicate, a.corrupt, a.seed
+        );
+    }
+    println!("{rule}");
+    println!(
+        "{}",
+        if a.lat {
+            perf::lat_header()
+        } else {
+            perf::bw_header(a.report_gbits)
+        }
+    );
+    for s in sizes {
+        let o = Opts {
+            test,
+            size: s,
+            iters,
+            duration: a.duration,
+            qps: a.qps,
+            mtu,
+            tx_depth: a.tx_depth,
+            verify: a.verify,
+            lat: a.lat,
+            imp,
+            seed: a.seed,
+            qp_timeout: a.qp_timeout,
+        };
+        let r = if a.lat {
+            perf::run_lat(&o)?
+        } else {
+            perf::run_bw(&o)?
+        };
+        println!(
+            "{}",
+            if a.lat {
+                perf::lat_line(&r)
+            } else {
+                perf::bw_line(&r, a.report_gbits)
+            }
+        );
+        reports.push(r);
+    }
+    println!("{rule}");
+    let mut ok = true;
+    for r in &reports {
+        if r.errors > 0 {
+            println!(" {} error completions", r.errors);
+            ok = false;
+        }
+        match r.verified {
+            Some(true) => println!(" verify: every byte checked through the wire: ok"),
+            Some(false) => {
+                println!(" verify: FAILED: {}", r.verify_detail);
+                ok = false;
+            }
+            None => {}
+        }
+    }
+    if let Some(r) = reports.last() {
+        println!(
+            " limit (copy + 2 CRC passes + copy, one thread): {:.2} Gb/s; ratio to limit {:.3}; retransmits {} naks {} timeouts {}",
+            r.limit_gbps,
+            r.ratio_to_limit(),
+            r.retransmits,
+            r.naks,
+            r.timeouts
+        );
+        if a.json {
+            println!("{}", r.to_json());
+        }
+    }
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
