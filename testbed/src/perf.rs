@@ -163,6 +163,9 @@ struct Conn {
     mra: MrInfo,
     /// Server: target / source buffer, receive ring.
     mrb: MrInfo,
+    /// Byte offsets of this QP's regions in the shared MRs.
+    offa: usize,
+    offb: usize,
     posted: u64,
     done: u64,
     outstanding: usize,
@@ -271,54 +274,53 @@ fn setup(o: &Opts) -> Result<(Bed, Vec<Conn>), String> {
     };
     let msg = o.size.max(8);
     let mut conns = Vec::new();
+    // As perftest does by default: one PD, one CQ and one MR per side for all QPs. Each QP has
+    // its own region of the MR while they fit in 64 MiB; beyond that regions are shared (their
+    // contents are per region, so verification still holds).
+    let pda = a.alloc_pd();
+    let pdb = b.alloc_pd();
+    let cq_depth = ((o.tx_depth + RX_DEPTH) * 2 * o.qps).min(1 << 20);
+    let cqa = a.create_cq(cq_depth).map_err(e)?;
+    let cqb = b.create_cq(cq_depth).map_err(e)?;
+    let rx_ring = if o.test == Test::Send { msg * RX_DEPTH.min(o.tx_depth * 2).max(1) } else { 0 };
+    let ra = msg * 2 + 64;
+    let rb = msg + 64 + rx_ring;
+    let regions = o.qps.min(((64usize << 20) / ra.max(rb)).max(1));
+    let mra = a.reg_mr(pda, ra * regions, Access::ALL).map_err(e)?;
+    let mrb = b.reg_mr(pdb, rb * regions, Access::ALL).map_err(e)?;
+    for r in 0..regions {
+        a.mr_bytes_mut(mra.lkey).unwrap()[r * ra..r * ra + msg].copy_from_slice(&pattern(1000 + r as u64, msg));
+        b.mr_bytes_mut(mrb.lkey).unwrap()[r * rb..r * rb + msg].copy_from_slice(&pattern(2000 + r as u64, msg));
+        if matches!(o.test, Test::Atomic { .. }) {
+            b.mr_bytes_mut(mrb.lkey).unwrap()[r * rb..r * rb + 8].fill(0);
+        }
+    }
+    let cap = QpCap {
+        max_send_wr: o.tx_depth as u32 + 2,
+        max_recv_wr: RX_DEPTH as u32 + 2,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    let init = |cq| QpInitAttr { qp_type: QpType::Rc, send_cq: cq, recv_cq: cq, srq: None, cap, sq_sig_all: true };
     for q in 0..o.qps {
-        let pda = a.alloc_pd();
-        let pdb = b.alloc_pd();
-        let cq_depth = (o.tx_depth + RX_DEPTH) * 2;
-        let cqa = a.create_cq(cq_depth).map_err(e)?;
-        let cqb = b.create_cq(cq_depth).map_err(e)?;
-        let cap = QpCap {
-            max_send_wr: o.tx_depth as u32 + 2,
-            max_recv_wr: RX_DEPTH as u32 + 2,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 0,
-        };
-        let init = |cq| QpInitAttr {
-            qp_type: QpType::Rc,
-            send_cq: cq,
-            recv_cq: cq,
-            srq: None,
-            cap,
-            sq_sig_all: true,
-        };
         let qa = a.create_qp(pda, init(cqa)).map_err(e)?;
         let qb = b.create_qp(pdb, init(cqb)).map_err(e)?;
-        let rx_ring = if o.test == Test::Send {
-            msg * RX_DEPTH.min(o.tx_depth * 2).max(1)
-        } else {
-            0
-        };
-        let mra = a.reg_mr(pda, msg * 2 + 64, Access::ALL).map_err(e)?;
-        let mrb = b.reg_mr(pdb, msg + 64 + rx_ring, Access::ALL).map_err(e)?;
         let psn_a = Psn::new(o.seed as u32 ^ (q as u32 * 7919));
         let psn_b = Psn::new((o.seed >> 24) as u32 ^ (q as u32 * 104_729));
         bring_up(&mut a, qa, qb, IP_B, psn_a, psn_b, &opts).map_err(e)?;
         bring_up(&mut b, qb, qa, IP_A, psn_b, psn_a, &opts).map_err(e)?;
-        // Sources hold a pattern the verification knows.
-        a.mr_bytes_mut(mra.lkey).unwrap()[..msg].copy_from_slice(&pattern(1000 + q as u64, msg));
-        b.mr_bytes_mut(mrb.lkey).unwrap()[..msg].copy_from_slice(&pattern(2000 + q as u64, msg));
-        if matches!(o.test, Test::Atomic { .. }) {
-            b.mr_bytes_mut(mrb.lkey).unwrap()[..8].fill(0);
-        }
+        let r = q % regions;
         conns.push(Conn {
-            index: q,
+            index: r,
             qa,
             qb,
             cqa,
             cqb,
-            mra,
-            mrb,
+            mra: MrInfo { addr: mra.addr + (r * ra) as u64, ..mra },
+            mrb: MrInfo { addr: mrb.addr + (r * rb) as u64, ..mrb },
+            offa: r * ra,
+            offb: r * rb,
             posted: 0,
             done: 0,
             outstanding: 0,
@@ -428,9 +430,11 @@ pub fn run_bw(o: &Opts) -> Result<Report, String> {
     let mut wcs = Vec::with_capacity(4096);
     let mut errors = 0u64;
     let mut send_bad = 0u64;
-    let expect_send: Vec<Vec<u8>> = (0..o.qps)
-        .map(|q| pattern(1000 + q as u64, o.size.max(8)))
-        .collect();
+    let regions = conns.iter().map(|c| c.index).max().unwrap_or(0) + 1;
+    let expect_send: Vec<Vec<u8>> = (0..regions).map(|q| pattern(1000 + q as u64, o.size.max(8))).collect();
+    let by_qpn: std::collections::HashMap<u32, usize> = conns.iter().enumerate().map(|(i, c)| (c.qa.value(), i)).collect();
+    let by_qpn_b: std::collections::HashMap<u32, usize> = conns.iter().enumerate().map(|(i, c)| (c.qb.value(), i)).collect();
+    let (cqa, cqb) = (conns[0].cqa, conns[0].cqb);
     bed.start = Instant::now();
     let t0 = Instant::now();
     let deadline = o
@@ -463,39 +467,44 @@ pub fn run_bw(o: &Opts) -> Result<Report, String> {
             }
         }
         bed.pump();
-        for c in conns.iter_mut() {
-            wcs.clear();
-            bed.a.poll_cq_into(c.cqa, 4096, &mut wcs);
-            for w in &wcs {
-                if w.status != WcStatus::Success {
-                    errors += 1;
-                }
+        // One CQ per side for every QP: completions name their QP.
+        wcs.clear();
+        bed.a.poll_cq_into(cqa, 1 << 16, &mut wcs);
+        for w in &wcs {
+            if w.status != WcStatus::Success {
+                errors += 1;
             }
-            c.done += wcs.len() as u64;
-            c.outstanding -= wcs.len();
-            if o.test == Test::Send {
-                wcs.clear();
-                bed.b.poll_cq_into(c.cqb, 4096, &mut wcs);
+            if let Some(&i) = by_qpn.get(&w.qp_num.value()) {
+                conns[i].done += 1;
+                conns[i].outstanding -= 1;
+            }
+        }
+        if o.test == Test::Send {
+            wcs.clear();
+            bed.b.poll_cq_into(cqb, 1 << 16, &mut wcs);
+            let ring = RX_DEPTH.min(o.tx_depth * 2).max(1);
+            let msg = o.size.max(8);
+            let mem = bed.b.mr_bytes(conns[0].mrb.lkey).unwrap();
+            for w in &wcs {
+                let Some(&i) = by_qpn_b.get(&w.qp_num.value()) else { continue };
+                let c = &mut conns[i];
+                c.rx_done += 1;
                 if o.verify {
-                    let ring = RX_DEPTH.min(o.tx_depth * 2).max(1);
-                    let msg = o.size.max(8);
-                    let q = c.index;
-                    let mem = bed.b.mr_bytes(c.mrb.lkey).unwrap();
-                    for w in &wcs {
-                        let slot = (w.wr_id % ring as u64) as usize;
-                        let off = msg + 64 + slot * msg;
-                        if w.status != WcStatus::Success
-                            || w.byte_len as usize != o.size
-                            || mem[off..off + o.size] != expect_send[q][..o.size]
-                        {
-                            send_bad += 1;
-                        }
+                    let slot = (w.wr_id % ring as u64) as usize;
+                    let off = c.offb + msg + 64 + slot * msg;
+                    if w.status != WcStatus::Success
+                        || w.byte_len as usize != o.size
+                        || mem[off..off + o.size] != expect_send[c.index][..o.size]
+                    {
+                        send_bad += 1;
                     }
                 }
-                c.rx_done += wcs.len() as u64;
             }
+        }
+        for c in conns.iter() {
             if c.outstanding > 0 || (!stopped_posting && c.posted < total_iters) {
                 all_done = false;
+                break;
             }
         }
         let done: u64 = conns.iter().map(|c| c.done).sum();
@@ -565,16 +574,16 @@ pub fn run_bw(o: &Opts) -> Result<Report, String> {
 fn wait_client(bed: &mut Bed, conns: &mut [Conn], want: u64) -> Result<u64, String> {
     let t = Instant::now();
     let mut errors = 0;
-    let mut got = vec![0u64; conns.len()];
+    let mut got = 0u64;
     let mut wcs = Vec::new();
-    while got.iter().any(|g| *g < want) {
+    let need = want * conns.len() as u64;
+    let cq = conns[0].cqa;
+    while got < need {
         bed.pump();
-        for (i, c) in conns.iter().enumerate() {
-            wcs.clear();
-            bed.a.poll_cq_into(c.cqa, 64, &mut wcs);
-            got[i] += wcs.len() as u64;
-            errors += wcs.iter().filter(|w| w.status != WcStatus::Success).count() as u64;
-        }
+        wcs.clear();
+        bed.a.poll_cq_into(cq, 1 << 16, &mut wcs);
+        got += wcs.len() as u64;
+        errors += wcs.iter().filter(|w| w.status != WcStatus::Success).count() as u64;
         if t.elapsed().as_secs_f64() > 60.0 {
             return Err("verification read-back did not complete in 60 s".into());
         }
@@ -612,7 +621,7 @@ fn verify(
             // Read the target back into the client's second buffer, through the wire.
             let n = if o.test == Test::Write { o.size } else { 8 };
             for c in conns.iter() {
-                bed.a.mr_bytes_mut(c.mra.lkey).unwrap()[msg..msg + n].fill(0);
+                bed.a.mr_bytes_mut(c.mra.lkey).unwrap()[c.offa + msg..c.offa + msg + n].fill(0);
                 let local = Sge {
                     addr: c.mra.addr + msg as u64,
                     length: n as u32,
@@ -633,7 +642,7 @@ fn verify(
                 problems.push("read-back failed".to_string());
             }
             for c in conns.iter() {
-                let got = bed.a.mr_bytes(c.mra.lkey).unwrap()[msg..msg + n].to_vec();
+                let got = bed.a.mr_bytes(c.mra.lkey).unwrap()[c.offa + msg..c.offa + msg + n].to_vec();
                 if o.test == Test::Write {
                     let want = pattern(1000 + c.index as u64, msg);
                     if c.done > 0 && got[..] != want[..n] {
@@ -654,7 +663,7 @@ fn verify(
         Test::Read => {
             for c in conns.iter() {
                 let want = pattern(2000 + c.index as u64, msg);
-                let got = &bed.a.mr_bytes(c.mra.lkey).unwrap()[..o.size];
+                let got = &bed.a.mr_bytes(c.mra.lkey).unwrap()[c.offa..c.offa + o.size];
                 if c.done > 0 && got != &want[..o.size] {
                     problems.push(format!("qp {}: read bytes differ", c.index));
                 }
