@@ -9,6 +9,8 @@
 //!   impairments lives here.
 #![forbid(unsafe_code)]
 
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod port;
 pub mod rng;
 pub mod rnic;

@@ -103,13 +103,13 @@ impl Pair {
                 moved = true;
             }
         }
-        while let Some(f) = self.wire.ab.recv(now) {
-            self.b.handle_frame(now, &f);
+        while let Some(mut f) = self.wire.ab.recv(now) {
+            self.b.handle_frame_mut(now, &mut f);
             self.wire.ab.recycle(f);
             moved = true;
         }
-        while let Some(f) = self.wire.ba.recv(now) {
-            self.a.handle_frame(now, &f);
+        while let Some(mut f) = self.wire.ba.recv(now) {
+            self.a.handle_frame_mut(now, &mut f);
             self.wire.ba.recycle(f);
             moved = true;
         }

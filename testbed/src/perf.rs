@@ -197,11 +197,11 @@ impl Bed {
                 // One engine thread, no wire in between: each frame goes straight from one
                 // RNIC's transmit pipeline into the other's receive pipeline.
                 while let Some(n) = self.a.poll_transmit(now, &mut self.buf) {
-                    self.b.handle_frame(now, &self.buf[..n]);
+                    self.b.handle_frame_mut(now, &mut self.buf[..n]);
                     moved += 1;
                 }
                 while let Some(n) = self.b.poll_transmit(now, &mut self.buf) {
-                    self.a.handle_frame(now, &self.buf[..n]);
+                    self.a.handle_frame_mut(now, &mut self.buf[..n]);
                     moved += 1;
                 }
             }
@@ -218,12 +218,12 @@ impl Bed {
                     ba.send(now, f);
                     moved += 1;
                 }
-                while let Some(f) = ab.recv(now) {
-                    self.b.handle_frame(now, &f);
+                while let Some(mut f) = ab.recv(now) {
+                    self.b.handle_frame_mut(now, &mut f);
                     ab.recycle(f);
                 }
-                while let Some(f) = ba.recv(now) {
-                    self.a.handle_frame(now, &f);
+                while let Some(mut f) = ba.recv(now) {
+                    self.a.handle_frame_mut(now, &mut f);
                     ba.recycle(f);
                 }
             }
@@ -282,15 +282,21 @@ fn setup(o: &Opts) -> Result<(Bed, Vec<Conn>), String> {
     let cq_depth = ((o.tx_depth + RX_DEPTH) * 2 * o.qps).min(1 << 20);
     let cqa = a.create_cq(cq_depth).map_err(e)?;
     let cqb = b.create_cq(cq_depth).map_err(e)?;
-    let rx_ring = if o.test == Test::Send { msg * RX_DEPTH.min(o.tx_depth * 2).max(1) } else { 0 };
+    let rx_ring = if o.test == Test::Send {
+        msg * RX_DEPTH.min(o.tx_depth * 2).max(1)
+    } else {
+        0
+    };
     let ra = msg * 2 + 64;
     let rb = msg + 64 + rx_ring;
     let regions = o.qps.min(((64usize << 20) / ra.max(rb)).max(1));
     let mra = a.reg_mr(pda, ra * regions, Access::ALL).map_err(e)?;
     let mrb = b.reg_mr(pdb, rb * regions, Access::ALL).map_err(e)?;
     for r in 0..regions {
-        a.mr_bytes_mut(mra.lkey).unwrap()[r * ra..r * ra + msg].copy_from_slice(&pattern(1000 + r as u64, msg));
-        b.mr_bytes_mut(mrb.lkey).unwrap()[r * rb..r * rb + msg].copy_from_slice(&pattern(2000 + r as u64, msg));
+        a.mr_bytes_mut(mra.lkey).unwrap()[r * ra..r * ra + msg]
+            .copy_from_slice(&pattern(1000 + r as u64, msg));
+        b.mr_bytes_mut(mrb.lkey).unwrap()[r * rb..r * rb + msg]
+            .copy_from_slice(&pattern(2000 + r as u64, msg));
         if matches!(o.test, Test::Atomic { .. }) {
             b.mr_bytes_mut(mrb.lkey).unwrap()[r * rb..r * rb + 8].fill(0);
         }
@@ -302,7 +308,14 @@ fn setup(o: &Opts) -> Result<(Bed, Vec<Conn>), String> {
         max_recv_sge: 1,
         max_inline_data: 0,
     };
-    let init = |cq| QpInitAttr { qp_type: QpType::Rc, send_cq: cq, recv_cq: cq, srq: None, cap, sq_sig_all: true };
+    let init = |cq| QpInitAttr {
+        qp_type: QpType::Rc,
+        send_cq: cq,
+        recv_cq: cq,
+        srq: None,
+        cap,
+        sq_sig_all: true,
+    };
     for q in 0..o.qps {
         let qa = a.create_qp(pda, init(cqa)).map_err(e)?;
         let qb = b.create_qp(pdb, init(cqb)).map_err(e)?;
@@ -317,8 +330,14 @@ fn setup(o: &Opts) -> Result<(Bed, Vec<Conn>), String> {
             qb,
             cqa,
             cqb,
-            mra: MrInfo { addr: mra.addr + (r * ra) as u64, ..mra },
-            mrb: MrInfo { addr: mrb.addr + (r * rb) as u64, ..mrb },
+            mra: MrInfo {
+                addr: mra.addr + (r * ra) as u64,
+                ..mra
+            },
+            mrb: MrInfo {
+                addr: mrb.addr + (r * rb) as u64,
+                ..mrb
+            },
             offa: r * ra,
             offb: r * rb,
             posted: 0,
@@ -431,9 +450,19 @@ pub fn run_bw(o: &Opts) -> Result<Report, String> {
     let mut errors = 0u64;
     let mut send_bad = 0u64;
     let regions = conns.iter().map(|c| c.index).max().unwrap_or(0) + 1;
-    let expect_send: Vec<Vec<u8>> = (0..regions).map(|q| pattern(1000 + q as u64, o.size.max(8))).collect();
-    let by_qpn: std::collections::HashMap<u32, usize> = conns.iter().enumerate().map(|(i, c)| (c.qa.value(), i)).collect();
-    let by_qpn_b: std::collections::HashMap<u32, usize> = conns.iter().enumerate().map(|(i, c)| (c.qb.value(), i)).collect();
+    let expect_send: Vec<Vec<u8>> = (0..regions)
+        .map(|q| pattern(1000 + q as u64, o.size.max(8)))
+        .collect();
+    let by_qpn: std::collections::HashMap<u32, usize> = conns
+        .iter()
+        .enumerate()
+        .map(|(i, c)| (c.qa.value(), i))
+        .collect();
+    let by_qpn_b: std::collections::HashMap<u32, usize> = conns
+        .iter()
+        .enumerate()
+        .map(|(i, c)| (c.qb.value(), i))
+        .collect();
     let (cqa, cqb) = (conns[0].cqa, conns[0].cqb);
     bed.start = Instant::now();
     let t0 = Instant::now();
@@ -486,7 +515,9 @@ pub fn run_bw(o: &Opts) -> Result<Report, String> {
             let msg = o.size.max(8);
             let mem = bed.b.mr_bytes(conns[0].mrb.lkey).unwrap();
             for w in &wcs {
-                let Some(&i) = by_qpn_b.get(&w.qp_num.value()) else { continue };
+                let Some(&i) = by_qpn_b.get(&w.qp_num.value()) else {
+                    continue;
+                };
                 let c = &mut conns[i];
                 c.rx_done += 1;
                 if o.verify {
@@ -642,7 +673,8 @@ fn verify(
                 problems.push("read-back failed".to_string());
             }
             for c in conns.iter() {
-                let got = bed.a.mr_bytes(c.mra.lkey).unwrap()[c.offa + msg..c.offa + msg + n].to_vec();
+                let got =
+                    bed.a.mr_bytes(c.mra.lkey).unwrap()[c.offa + msg..c.offa + msg + n].to_vec();
                 if o.test == Test::Write {
                     let want = pattern(1000 + c.index as u64, msg);
                     if c.done > 0 && got[..] != want[..n] {

@@ -58,6 +58,13 @@ fn parse(c: &mut Criterion) {
             black_box((p.bth.psn, p.ext.reth, p.payload.len()))
         })
     });
+    // Conservative: every field of the parsed frame is materialised.
+    g.bench_function("bth+reth/all_fields", |b| {
+        b.iter(|| {
+            let p = parse_frame(black_box(&frame)).unwrap();
+            black_box(&p);
+        })
+    });
     g.bench_function("bth+reth+icrc_check/1024B", |b| {
         b.iter(|| black_box(parse_frame(black_box(&frame)).unwrap().icrc_ok()))
     });
@@ -108,6 +115,13 @@ fn icrc_vs_plain(c: &mut Criterion) {
                 ))
             })
         });
+        let fr = frame.clone();
+        let fl = fr.len();
+        g.bench_with_input(
+            BenchmarkId::new("plain_frame_from6", size),
+            &size,
+            |b, _| b.iter(|| black_box(crc32fast::hash(black_box(&fr[6..fl - 4])))),
+        );
         g.bench_with_input(BenchmarkId::new("plain_crc32fast", size), &size, |b, _| {
             b.iter(|| black_box(crc32fast::hash(black_box(dg))))
         });

@@ -94,6 +94,7 @@ pub struct EthernetRepr {
 
 impl EthernetRepr {
     /// Parses the header; returns it and the offset of its payload.
+    #[inline]
     pub fn parse(b: &[u8]) -> Result<(EthernetRepr, usize), Error> {
         if b.len() < HEADER_LEN {
             return Err(Error::Truncated {

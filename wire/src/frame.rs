@@ -124,9 +124,27 @@ impl<'a> ParsedFrame<'a> {
 }
 
 /// Parses an Ethernet frame (with an optional 802.1Q tag) holding a RoCEv2 packet.
+#[inline(always)]
 pub fn parse_frame(frame: &[u8]) -> Result<ParsedFrame<'_>, Error> {
     let (eth, l3) = EthernetRepr::parse(frame)?;
     parse_l3(eth, frame, l3)
+}
+
+/// Verifies the ICRC of the RoCEv2 frame in `frame` in one pass over the frame itself (see
+/// [`icrc::compute_in_place`]): what a receive path that owns its buffer uses. `None` when the
+/// bytes are not a well-formed RoCEv2 frame. The frame is left as it was.
+pub fn icrc_ok_in_place(frame: &mut [u8]) -> Option<bool> {
+    let (l3, ihl, v6, end, wire) = {
+        let p = parse_frame(frame).ok()?;
+        (
+            p.eth.header_len(),
+            p.ip.header_len(),
+            p.ip.is_v6(),
+            p.eth.header_len() + p.datagram.len(),
+            p.icrc,
+        )
+    };
+    Some(icrc::to_wire(icrc::compute_in_place(frame, l3, ihl, v6, end)) == wire)
 }
 
 /// Parses a bare IP datagram (a capture with a raw-IP link type). `eth` in the result is all
@@ -146,6 +164,7 @@ pub fn parse_ip_packet(packet: &[u8]) -> Result<ParsedFrame<'_>, Error> {
     )
 }
 
+#[inline(always)]
 fn parse_l3(eth: EthernetRepr, frame: &[u8], l3: usize) -> Result<ParsedFrame<'_>, Error> {
     let rest = &frame[l3..];
     let (ip, datagram, protocol) = match eth.ethertype {

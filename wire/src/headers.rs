@@ -134,6 +134,7 @@ impl BthRepr {
         Ok(BthRepr::from_header(h, Opcode::new(h.opcode)?))
     }
 
+    #[inline]
     pub(crate) fn from_header(h: &BthHeader, opcode: Opcode) -> BthRepr {
         let qw = h.qp_word.get();
         let pw = h.psn_word.get();
@@ -290,6 +291,7 @@ fn be64(b: &[u8]) -> u64 {
 impl ExtHeaders {
     /// Reads the headers `info` lists from the front of `b`, which must hold `info.ext_len`
     /// bytes (the caller checked).
+    #[inline]
     pub(crate) fn parse(info: &OpcodeInfo, b: &[u8]) -> ExtHeaders {
         let mut e = ExtHeaders::default();
         let mut off = 0;

@@ -55,6 +55,7 @@ impl Ipv4Repr {
     /// Parses an IPv4 header at the front of `b` (the rest of the frame) and checks that the
     /// datagram fits. Returns the header and the datagram's bytes (total length, without any
     /// Ethernet padding that follows).
+    #[inline]
     pub fn parse(b: &[u8]) -> Result<(Ipv4Repr, &[u8]), Error> {
         if b.len() < IPV4_MIN_HEADER_LEN {
             return Err(Error::Truncated {
@@ -150,6 +151,7 @@ fn is_ipv6_extension(nh: u8) -> bool {
 impl Ipv6Repr {
     /// Parses an IPv6 header at the front of `b`; returns it and the datagram (header and
     /// payload length, without Ethernet padding). An extension header is an error.
+    #[inline]
     pub fn parse(b: &[u8]) -> Result<(Ipv6Repr, &[u8]), Error> {
         if b.len() < IPV6_HEADER_LEN {
             return Err(Error::Truncated {

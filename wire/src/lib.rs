@@ -28,8 +28,8 @@ pub mod types;
 
 pub use error::{BuildError, Error, Layer};
 pub use frame::{
-    flow_label_for, parse_frame, udp_sport_for_flow, udp_sport_for_qpn, FrameRepr, IpRepr,
-    ParsedFrame, ROCEV2_UDP_PORT,
+    flow_label_for, icrc_ok_in_place, parse_frame, udp_sport_for_flow, udp_sport_for_qpn,
+    FrameRepr, IpRepr, ParsedFrame, ROCEV2_UDP_PORT,
 };
 pub use headers::{
     AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, ExtHeaders, FethRepr, RethRepr,

@@ -455,6 +455,7 @@ impl Opcode {
 
     /// A known opcode, or [`Error::UnknownOpcode`] (reserved codes, RD and XRC, which RoCE does
     /// not carry, and the manufacturer-specific range).
+    #[inline]
     pub fn new(byte: u8) -> Result<Opcode, Error> {
         match TABLE[byte as usize] {
             Some(_) => Ok(Opcode(byte)),
@@ -465,6 +466,7 @@ impl Opcode {
         self.0
     }
     /// The table entry. Infallible: an `Opcode` is always in the table.
+    #[inline]
     pub fn info(self) -> &'static OpcodeInfo {
         match &TABLE[self.0 as usize] {
             Some(i) => i,
