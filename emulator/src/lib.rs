@@ -9,6 +9,7 @@
 //!   impairments lives here.
 #![forbid(unsafe_code)]
 
+pub mod api;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod port;

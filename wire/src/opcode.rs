@@ -2,8 +2,8 @@
 //! RoCEv2 CNP of Annex A17.9.2): for each opcode, which extension headers follow the BTH and in
 //! which order, whether a payload follows, and where the packet sits in its message.
 //!
-//! Header order on the wire is always: BTH, [FETH], [RETH], [AtomicETH], [DETH], [AETH],
-//! [AtomicAckETH], [ImmDt], [IETH], payload, pad, ICRC — no opcode carries two headers whose
+//! Header order on the wire is always: BTH, FETH, RETH, AtomicETH, DETH, AETH, AtomicAckETH,
+//! ImmDt, IETH (each when present), payload, pad, ICRC — no opcode carries two headers whose
 //! order this would get wrong (FLUSH: FETH then RETH; UD SEND with immediate: DETH then ImmDt;
 //! RDMA WRITE ONLY with immediate: RETH then ImmDt; ATOMIC ACKNOWLEDGE: AETH then AtomicAckETH).
 use crate::error::Error;

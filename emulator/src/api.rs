@@ -1,0 +1,259 @@
+//! The verbs API for applications: a [`Device`] handle that application code shares with the
+//! engine thread that drives the RNIC, with synchronous verbs named after ibverbs and awaitable
+//! completions for tokio.
+//!
+//! The sans-IO core ([`Rnic`]) does not move by itself: an engine moves its frames and serves its
+//! timers. [`Loopback`] is the in-process engine: two devices joined by the in-process wire,
+//! driven in real time by one thread (the real datapaths bind a device to a port the same way).
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use rocemu_emulator::api::Loopback;
+//! use rocemu_emulator::rnic::*;
+//! let lo = Loopback::start(1, Default::default());
+//! let pd = lo.a.alloc_pd();
+//! let cq = lo.a.create_cq(64)?;
+//! // … create and connect QPs (see examples/async_verbs.rs), then:
+//! let wc = lo.a.next_wc(cq).await;
+//! assert_eq!(wc.status, WcStatus::Success);
+//! # let _ = pd; Ok(()) }
+//! ```
+use crate::port::wire::{Impairments, Wire};
+use crate::rnic::mr::MrInfo;
+use crate::rnic::*;
+use crate::sim::{IP_A, IP_B, MAC_A, MAC_B};
+use crate::time::Nanos;
+use rocemu_wire::Qpn;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+use tokio::sync::Notify;
+
+struct Shared {
+    rnic: Mutex<Rnic>,
+    /// Woken whenever the engine moved frames or served timers: completions may have arrived.
+    progress: Notify,
+}
+
+/// A RoCEmu device: cheap to clone, safe to share between threads and tasks.
+#[derive(Clone)]
+pub struct Device {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Device").finish_non_exhaustive()
+    }
+}
+
+impl Device {
+    pub fn new(rnic: Rnic) -> Device {
+        Device {
+            shared: Arc::new(Shared {
+                rnic: Mutex::new(rnic),
+                progress: Notify::new(),
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Rnic> {
+        // A panic while holding the lock leaves the RNIC as it was between two verbs.
+        self.shared.rnic.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs `f` on the RNIC: any verb, synchronously.
+    pub fn with<R>(&self, f: impl FnOnce(&mut Rnic) -> R) -> R {
+        f(&mut self.lock())
+    }
+
+    /// `ibv_query_device`.
+    pub fn query_device(&self) -> DeviceAttr {
+        self.lock().query_device()
+    }
+    /// `ibv_alloc_pd`.
+    pub fn alloc_pd(&self) -> PdId {
+        self.lock().alloc_pd()
+    }
+    /// `ibv_reg_mr`.
+    pub fn reg_mr(&self, pd: PdId, length: usize, access: Access) -> Result<MrInfo, VerbsError> {
+        self.lock().reg_mr(pd, length, access)
+    }
+    /// `ibv_create_cq`.
+    pub fn create_cq(&self, cqe: usize) -> Result<CqId, VerbsError> {
+        self.lock().create_cq(cqe)
+    }
+    /// `ibv_create_qp`.
+    pub fn create_qp(&self, pd: PdId, init: QpInitAttr) -> Result<Qpn, VerbsError> {
+        self.lock().create_qp(pd, init)
+    }
+    /// `ibv_modify_qp`.
+    pub fn modify_qp(&self, qpn: Qpn, attr: &QpAttr, mask: QpAttrMask) -> Result<(), VerbsError> {
+        self.lock().modify_qp(qpn, attr, mask)
+    }
+    /// `ibv_query_qp`.
+    pub fn query_qp(&self, qpn: Qpn) -> Result<QpAttr, VerbsError> {
+        self.lock().query_qp(qpn)
+    }
+    /// `ibv_post_send`.
+    pub fn post_send(&self, qpn: Qpn, wr: SendWr) -> Result<(), VerbsError> {
+        self.lock().post_send(qpn, wr)
+    }
+    /// `ibv_post_recv`.
+    pub fn post_recv(&self, qpn: Qpn, wr: RecvWr) -> Result<(), VerbsError> {
+        self.lock().post_recv(qpn, wr)
+    }
+    /// `ibv_poll_cq`: whatever is there now, without waiting.
+    pub fn poll_cq(&self, cq: CqId, max: usize) -> Vec<Wc> {
+        self.lock().poll_cq(cq, max)
+    }
+    /// Copies bytes out of a registered region.
+    pub fn read_mr(&self, lkey: u32, offset: usize, out: &mut [u8]) -> Result<(), VerbsError> {
+        let r = self.lock();
+        let m = r
+            .mr_bytes(lkey)
+            .ok_or(VerbsError::NotFound("memory region"))?;
+        let src = m
+            .get(offset..offset + out.len())
+            .ok_or_else(|| VerbsError::Invalid("beyond the region".into()))?;
+        out.copy_from_slice(src);
+        Ok(())
+    }
+    /// Copies bytes into a registered region.
+    pub fn write_mr(&self, lkey: u32, offset: usize, data: &[u8]) -> Result<(), VerbsError> {
+        let mut r = self.lock();
+        let m = r
+            .mr_bytes_mut(lkey)
+            .ok_or(VerbsError::NotFound("memory region"))?;
+        let dst = m
+            .get_mut(offset..offset + data.len())
+            .ok_or_else(|| VerbsError::Invalid("beyond the region".into()))?;
+        dst.copy_from_slice(data);
+        Ok(())
+    }
+
+    /// Waits for the next completion on `cq` (an awaitable `ibv_poll_cq`).
+    pub async fn next_wc(&self, cq: CqId) -> Wc {
+        loop {
+            // Registered before looking, so that a completion between the look and the wait
+            // still wakes this task.
+            let woken = self.shared.progress.notified();
+            if let Some(wc) = self.lock().poll_cq(cq, 1).pop() {
+                return wc;
+            }
+            woken.await;
+        }
+    }
+
+    /// Waits for `n` completions on `cq`.
+    pub async fn wait_wcs(&self, cq: CqId, n: usize) -> Vec<Wc> {
+        let mut v = Vec::with_capacity(n);
+        while v.len() < n {
+            let woken = self.shared.progress.notified();
+            let got = self.lock().poll_cq_into(cq, n - v.len(), &mut v);
+            if got == 0 {
+                woken.await;
+            }
+        }
+        v
+    }
+
+    fn wake(&self) {
+        self.shared.progress.notify_waiters();
+    }
+}
+
+/// Two devices (10.0.0.1 and 10.0.0.2) joined by the in-process wire, driven by an engine
+/// thread in real time until dropped.
+#[derive(Debug)]
+pub struct Loopback {
+    pub a: Device,
+    pub b: Device,
+    stop: Arc<AtomicBool>,
+    engine: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Loopback {
+    /// Starts the engine. `imp` impairs both directions (deterministic from `seed`).
+    pub fn start(seed: u64, imp: Impairments) -> Loopback {
+        let mut ra = Rnic::new(RnicConfig::new(MAC_A, IP_A, seed.wrapping_mul(3) | 1));
+        let mut rb = Rnic::new(RnicConfig::new(MAC_B, IP_B, seed.wrapping_mul(5) | 2));
+        ra.set_neighbor(IP_B, MAC_B);
+        rb.set_neighbor(IP_A, MAC_A);
+        let (a, b) = (Device::new(ra), Device::new(rb));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (ea, eb, st) = (a.clone(), b.clone(), stop.clone());
+        let engine = std::thread::Builder::new()
+            .name("rocemu-engine".into())
+            .spawn(move || engine(ea, eb, Wire::new(imp, seed), st))
+            .expect("spawn the engine thread");
+        Loopback {
+            a,
+            b,
+            stop,
+            engine: Some(engine),
+        }
+    }
+}
+
+impl Drop for Loopback {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.engine.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The engine: run to completion in bursts, back off when idle.
+fn engine(a: Device, b: Device, mut wire: Wire, stop: Arc<AtomicBool>) {
+    let start = Instant::now();
+    let mut buf = vec![0u8; 10_000];
+    let mut idle = 0u32;
+    while !stop.load(Ordering::Relaxed) {
+        let now = Nanos(start.elapsed().as_nanos() as u64);
+        let mut moved = 0;
+        {
+            let mut ra = a.lock();
+            let mut rb = b.lock();
+            for (tx, link) in [(&mut *ra, &mut wire.ab), (&mut *rb, &mut wire.ba)] {
+                for _ in 0..32 {
+                    let Some(n) = tx.poll_transmit(now, &mut buf) else {
+                        break;
+                    };
+                    let mut f = link.buffer();
+                    f.extend_from_slice(&buf[..n]);
+                    link.send(now, f);
+                    moved += 1;
+                }
+            }
+            for (rx, link) in [(&mut *rb, &mut wire.ab), (&mut *ra, &mut wire.ba)] {
+                for _ in 0..32 {
+                    let Some(mut f) = link.recv(now) else { break };
+                    rx.handle_frame_mut(now, &mut f);
+                    link.recycle(f);
+                    moved += 1;
+                }
+            }
+            for r in [&mut *ra, &mut *rb] {
+                if r.poll_timeout().is_some_and(|t| t <= now) {
+                    r.handle_timeout(now);
+                    moved += 1;
+                }
+            }
+        }
+        if moved > 0 {
+            a.wake();
+            b.wake();
+            idle = 0;
+        } else {
+            // Back off when idle: spin a little, then yield, then sleep briefly.
+            idle = idle.saturating_add(1);
+            if idle > 1000 {
+                std::thread::sleep(Duration::from_micros(50));
+            } else if idle > 100 {
+                std::thread::yield_now();
+            }
+        }
+    }
+}
