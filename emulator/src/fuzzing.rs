@@ -39,6 +39,29 @@ impl Cursor<'_> {
     }
 }
 
+/// The guards' pattern: eight bytes nothing else produces, repeated.
+const GUARD: [u8; 8] = [0x9d, 0x3c, 0xe1, 0x57, 0x08, 0xb2, 0x6f, 0xd4];
+
+/// True when `p` holds eight consecutive guard bytes (at any phase of the pattern).
+fn has_guard(p: &[u8]) -> bool {
+    p.windows(8)
+        .any(|w| (0..8).any(|k| (0..8).all(|i| w[i] == GUARD[(i + k) % 8])))
+}
+
+/// Sends everything the RNIC wants to send; no packet may carry guard bytes: that would be a
+/// read outside the target region.
+fn drain(r: &mut Rnic, now: Nanos, out: &mut [u8]) {
+    while let Some(n) = r.poll_transmit(now, out) {
+        if let Ok(p) = rocemu_wire::parse_frame(&out[..n]) {
+            assert!(
+                !has_guard(p.payload),
+                "guard bytes left the RNIC in a {} packet",
+                p.opcode()
+            );
+        }
+    }
+}
+
 /// Runs one fuzz input.
 pub fn rnic_target(data: &[u8]) {
     let mut r = Rnic::new(RnicConfig::new(MAC_B, IP_B, 7));
@@ -296,12 +319,12 @@ pub fn rnic_target(data: &[u8]) {
                 r.handle_timeout(now);
             }
             _ => {
-                while r.poll_transmit(now, &mut out).is_some() {}
+                drain(&mut r, now, &mut out);
                 let _ = r.poll_cq(cq, 64);
             }
         }
     }
-    while r.poll_transmit(now, &mut out).is_some() {}
+    drain(&mut r, now, &mut out);
     // Guards: no remote operation may have written them (they grant no remote access), and
     // local writes only happen through receive or read buffers inside the target region.
     for g in [g1, g2] {
