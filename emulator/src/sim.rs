@@ -293,3 +293,17 @@ impl Pair {
         bring_up(&mut self.b, qb, qa, IP_A, o.psn_b, o.psn_a, o)
     }
 }
+
+/// A deterministic byte pattern for test data (xorshift of the seed): different seeds give
+/// different bytes, so that a message landing in the wrong place shows.
+pub fn pattern(seed: u64, n: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}

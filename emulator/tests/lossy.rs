@@ -7,7 +7,7 @@ use proptest::prelude::*;
 use rocemu_emulator::port::wire::Impairments;
 use rocemu_emulator::rnic::mr::MrInfo;
 use rocemu_emulator::rnic::*;
-use rocemu_emulator::sim::{ConnectOpts, Pair};
+use rocemu_emulator::sim::{pattern, ConnectOpts, Pair};
 use rocemu_emulator::time::Nanos;
 use rocemu_wire::Qpn;
 
@@ -51,18 +51,6 @@ type Planned = (u64, Op, Vec<u8>, Place);
 struct Place {
     a: usize,
     b: usize,
-}
-
-fn pattern(seed: u64, n: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 fn run(

@@ -4,7 +4,7 @@
 use rocemu_emulator::port::wire::{Impairments, Wire};
 use rocemu_emulator::rnic::mr::MrInfo;
 use rocemu_emulator::rnic::*;
-use rocemu_emulator::sim::{ConnectOpts, Pair, IP_A, IP_B};
+use rocemu_emulator::sim::{pattern, ConnectOpts, Pair, IP_A, IP_B};
 use rocemu_emulator::time::Nanos;
 use rocemu_wire::{QKey, Qpn};
 
@@ -53,18 +53,6 @@ fn make_side(r: &mut Rnic, t: QpType) -> Side {
         .expect("qp");
     let mr = r.reg_mr(pd, MR_LEN, Access::ALL).expect("mr");
     Side { qp, cq, mr }
-}
-
-fn pattern(seed: u32, n: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(2_654_435_761) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            x as u8
-        })
-        .collect()
 }
 
 struct Ctx {
@@ -137,7 +125,7 @@ fn run_connected(
             count
         };
         // Fill A's source area and B's target/source areas with fresh patterns.
-        let msg = |i: usize| pattern((k * 1000 + i) as u32, size);
+        let msg = |i: usize| pattern((k * 1000 + i) as u64, size);
         let stride = size.next_multiple_of(64).max(64);
         for i in 0..n {
             let data = msg(i);
@@ -351,7 +339,7 @@ fn run_ud(ctx: &mut Ctx, count: usize, size: usize) -> Row {
     }
     let stride = (size + 40).next_multiple_of(64);
     for i in 0..count {
-        let data = pattern(90_000 + i as u32, size);
+        let data = pattern(90_000 + i as u64, size);
         ctx.p.a.mr_bytes_mut(a.mr.lkey).unwrap()[i * stride..i * stride + size]
             .copy_from_slice(&data);
         let r = Sge {
@@ -406,7 +394,7 @@ fn run_ud(ctx: &mut Ctx, count: usize, size: usize) -> Row {
                 check(ok, format!("UD receive {i}: {w:?}"), &mut errs);
                 let off = w.wr_id as usize * stride;
                 check(
-                    bm[off + 40..off + 40 + size] == pattern(90_000 + w.wr_id as u32, size)[..],
+                    bm[off + 40..off + 40 + size] == pattern(90_000 + w.wr_id, size)[..],
                     format!("UD datagram {i} bytes"),
                     &mut errs,
                 );

@@ -4,7 +4,7 @@
 use rocemu_emulator::port::wire::{Impairments, Link};
 use rocemu_emulator::rnic::mr::MrInfo;
 use rocemu_emulator::rnic::*;
-use rocemu_emulator::sim::{bring_up, ConnectOpts, IP_A, IP_B, MAC_A, MAC_B};
+use rocemu_emulator::sim::{bring_up, pattern, ConnectOpts, IP_A, IP_B, MAC_A, MAC_B};
 use rocemu_emulator::time::Nanos;
 use rocemu_wire::{Psn, Qpn};
 use serde_json::{json, Value};
@@ -238,18 +238,6 @@ impl Bed {
         self.packets += moved;
         moved
     }
-}
-
-fn pattern(seed: u64, n: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 const RX_DEPTH: usize = 512;

@@ -337,10 +337,27 @@ fn rc_write(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) -> bool {
         }
     }
     if info.position.is_last() {
-        qp.resp_msg = RespMsg::Idle;
         qp.msn = qp.msn.next();
-        if let Some(w) = recv {
-            let mut wc = recv_wc(qp, &w, WcStatus::Success, total as u32);
+    }
+    write_done(dev, qp, pkt, recv, (rkey, va, plen, remaining, total));
+    true
+}
+
+/// After an RDMA WRITE packet's bytes landed (RC and UC alike): at the last packet, the message
+/// is over and a WRITE with immediate completes its receive; otherwise the write goes on at the
+/// next address. `w` is (R_Key, address, payload length, bytes remaining, message length).
+fn write_done(
+    dev: &mut Dev,
+    qp: &mut Qp,
+    pkt: &Packet<'_>,
+    recv: Option<RecvWqe>,
+    w: (u32, u64, u64, u64, u64),
+) {
+    let (rkey, va, plen, remaining, total) = w;
+    if pkt.bth.opcode.info().position.is_last() {
+        qp.resp_msg = RespMsg::Idle;
+        if let Some(r) = recv {
+            let mut wc = recv_wc(qp, &r, WcStatus::Success, total as u32);
             wc.opcode = WcOpcode::RecvRdmaWithImm;
             wc.imm_data = pkt.ext.imm.unwrap_or(0);
             wc.wc_flags = WcFlags::WITH_IMM;
@@ -354,7 +371,6 @@ fn rc_write(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) -> bool {
             total,
         };
     }
-    true
 }
 
 /// Frees responder resources that finished, oldest first, down to `keep` entries.
@@ -676,23 +692,7 @@ fn uc_receive(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
                     m.data[off..off + plen as usize].copy_from_slice(pkt.payload);
                 }
             }
-            if info.position.is_last() {
-                qp.resp_msg = RespMsg::Idle;
-                if let Some(w) = recv {
-                    let mut wc = recv_wc(qp, &w, WcStatus::Success, total as u32);
-                    wc.opcode = WcOpcode::RecvRdmaWithImm;
-                    wc.imm_data = pkt.ext.imm.unwrap_or(0);
-                    wc.wc_flags = WcFlags::WITH_IMM;
-                    dev.push_wc(qp.recv_cq, wc);
-                }
-            } else {
-                qp.resp_msg = RespMsg::Write {
-                    rkey,
-                    va: va + plen,
-                    remaining: remaining - plen,
-                    total,
-                };
-            }
+            write_done(dev, qp, pkt, recv, (rkey, va, plen, remaining, total));
         }
         _ => {}
     }
