@@ -923,10 +923,12 @@ impl Rnic {
         !self.tx_sched.is_empty()
     }
 
-    /// The earliest deadline the RNIC wants `handle_timeout` called at.
+    /// The earliest deadline the RNIC wants `handle_timeout` called at. It may be early (a
+    /// deadline that moved later is found out when its old entry comes up): calling
+    /// `handle_timeout` then does nothing but re-arm.
     pub fn poll_timeout(&mut self) -> Option<Nanos> {
         while let Some(&Reverse((t, slot))) = self.timers.peek() {
-            if self.timer_live(t, slot) {
+            if self.timer_armed(slot) {
                 return Some(t);
             }
             self.timers.pop();
@@ -935,8 +937,7 @@ impl Rnic {
         None
     }
 
-    /// A heap entry left: the QP's deadline, if it is set again to the same instant, must be
-    /// pushed again.
+    /// A heap entry left: the QP's deadline must be pushed again if it is still set.
     fn forget_timer(&mut self, t: Nanos, slot: usize) {
         if let Some(qp) = self.qps.get_mut(slot).and_then(Option::as_mut) {
             if qp.ack_pushed == Some(t) {
@@ -948,9 +949,9 @@ impl Rnic {
         }
     }
 
-    fn timer_live(&self, t: Nanos, slot: usize) -> bool {
+    fn timer_armed(&self, slot: usize) -> bool {
         match self.qps.get(slot).and_then(Option::as_ref) {
-            Some(qp) => qp.ack_deadline == Some(t) || qp.rnr_deadline == Some(t),
+            Some(qp) => qp.ack_deadline.is_some() || qp.rnr_deadline.is_some(),
             None => false,
         }
     }
@@ -963,14 +964,18 @@ impl Rnic {
                 break;
             }
             self.timers.pop();
-            let live = self.timer_live(t, slot);
             self.forget_timer(t, slot);
-            if !live {
+            let Some(qp) = self.qps.get_mut(slot).and_then(Option::as_mut) else {
                 continue;
-            }
-            if let Some(qp) = self.qps[slot].as_mut() {
+            };
+            let due = [qp.ack_deadline, qp.rnr_deadline]
+                .into_iter()
+                .flatten()
+                .any(|d| d <= now);
+            if due {
                 completer::timeout(&mut self.dev, qp, now);
             }
+            // Re-arms whatever is still set (a deadline that moved later than its entry).
             self.refresh(slot);
         }
     }
@@ -988,8 +993,10 @@ impl Rnic {
         self.refresh_timers(slot);
     }
 
-    /// Puts a QP's deadlines on the timer heap when they changed (stale entries are skipped
-    /// when they come up).
+    /// Puts a QP's deadlines on the timer heap. One entry per deadline kind and QP: a deadline
+    /// that moves later (every ACK pushes the retransmit timer out) keeps its earlier entry,
+    /// which re-arms when it comes up; only an earlier deadline needs a new entry. Without this
+    /// the heap grows by an entry per ACK.
     fn refresh_timers(&mut self, slot: usize) {
         let Some(qp) = self.qps[slot].as_mut() else {
             return;
@@ -999,7 +1006,7 @@ impl Rnic {
             (qp.rnr_deadline, &mut qp.rnr_pushed),
         ] {
             if let Some(t) = d {
-                if *pushed != Some(t) {
+                if pushed.is_none_or(|p| t < p) {
                     *pushed = Some(t);
                     self.timers.push(Reverse((t, slot)));
                 }
