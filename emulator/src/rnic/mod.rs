@@ -22,7 +22,7 @@ pub mod verbs;
 
 use crate::rng::Rng;
 use crate::time::Nanos;
-use mr::{KeyMap, MemTable, MrInfo};
+use mr::{MemTable, MrInfo};
 use qp::{Qp, RecvWqe, SendWqe};
 use rocemu_wire::eth::EthernetRepr;
 use rocemu_wire::frame::{IpRepr, ParsedFrame};
@@ -200,7 +200,8 @@ impl Dev {
 pub struct Rnic {
     pub(crate) dev: Dev,
     pub(crate) qps: Vec<Option<Qp>>,
-    qp_by_num: KeyMap<usize>,
+    qpn_map: QpnMap,
+    live_qps: usize,
     tx_sched: VecDeque<usize>,
     /// Packets the QP at the head of the schedule may still send before the next QP's turn.
     burst_left: u32,
@@ -235,7 +236,8 @@ const DEVICE_ATTR: DeviceAttr = DeviceAttr {
 impl Rnic {
     pub fn new(cfg: RnicConfig) -> Rnic {
         assert!(!cfg.ips.is_empty(), "an RNIC needs at least one address");
-        let rng = Rng::new(cfg.seed);
+        let mut rng = Rng::new(cfg.seed);
+        let mut rng_for_qpns = Rng::new(rng.next_u64());
         let active_mtu = Mtu::for_netdev_mtu(cfg.eth_mtu);
         Rnic {
             dev: Dev {
@@ -249,7 +251,8 @@ impl Rnic {
                 active_mtu,
             },
             qps: Vec::new(),
-            qp_by_num: KeyMap::default(),
+            qpn_map: QpnMap::new(&mut rng_for_qpns),
+            live_qps: 0,
             tx_sched: VecDeque::new(),
             burst_left: TX_BURST,
             timers: BinaryHeap::new(),
@@ -412,26 +415,38 @@ impl Rnic {
         if c.max_send_sge > self.attr.max_sge || c.max_recv_sge > self.attr.max_sge {
             return invalid(format!("SGE count above max_sge {}", self.attr.max_sge));
         }
-        if self.qp_by_num.len() >= self.attr.max_qp as usize {
+        if self.live_qps >= self.attr.max_qp as usize {
             return Err(VerbsError::NoSpace("max_qp reached"));
         }
+        // The QPN is the slot's image under a keyed permutation of the 24-bit space: it looks
+        // random (QPNs must not be guessable) and maps back to its slot without a hash lookup.
+        // Slots whose image is QP0 or QP1 (reserved) stay empty.
         let qpn = loop {
-            let q = Qpn::new(self.dev.rng.next_u32());
-            if q.value() > 1 && !self.qp_by_num.contains_key(&q.value()) {
-                break q;
+            let slot = self.qps.len() as u32;
+            if slot >= 1 << 24 {
+                return Err(VerbsError::NoSpace("QPN space exhausted"));
             }
+            let q = self.qpn_map.encode(slot);
+            if q > 1 {
+                break Qpn::new(q);
+            }
+            self.qps.push(None);
         };
-        let slot = self.qps.len();
         self.qps.push(Some(Qp::new(qpn, pd, &init)));
-        self.qp_by_num.insert(qpn.value(), slot);
+        self.live_qps += 1;
         Ok(qpn)
     }
 
+    fn slot_of(&self, qpn: Qpn) -> Option<usize> {
+        let s = self.qpn_map.decode(qpn.value()) as usize;
+        match self.qps.get(s) {
+            Some(Some(q)) if q.qpn == qpn => Some(s),
+            _ => None,
+        }
+    }
+
     fn slot(&self, qpn: Qpn) -> Result<usize, VerbsError> {
-        self.qp_by_num
-            .get(&qpn.value())
-            .copied()
-            .ok_or(VerbsError::NotFound("queue pair"))
+        self.slot_of(qpn).ok_or(VerbsError::NotFound("queue pair"))
     }
 
     fn qp(&self, qpn: Qpn) -> Result<&Qp, VerbsError> {
@@ -444,8 +459,8 @@ impl Rnic {
     /// `ibv_destroy_qp`.
     pub fn destroy_qp(&mut self, qpn: Qpn) -> Result<(), VerbsError> {
         let s = self.slot(qpn)?;
-        self.qp_by_num.remove(&qpn.value());
         self.qps[s] = None;
+        self.live_qps -= 1;
         Ok(())
     }
 
@@ -842,8 +857,8 @@ impl Rnic {
             c.cnp_received += 1;
             return;
         }
-        let Some(&slot) = self.qp_by_num.get(&pkt.bth.dqpn.value()) else {
-            c.rx_no_qp += 1;
+        let Some(slot) = self.slot_of(pkt.bth.dqpn) else {
+            self.dev.counters.rx_no_qp += 1;
             return;
         };
         let Some(qp) = self.qps[slot].as_mut() else {
@@ -1015,6 +1030,38 @@ impl Rnic {
     }
 }
 
+/// A keyed permutation of the 24-bit QPN space (a four-round Feistel network on two 12-bit
+/// halves): slot i gets QPN `encode(i)`, and a packet's QPN maps back to its slot in a few
+/// arithmetic operations.
+#[derive(Debug, Clone)]
+pub(crate) struct QpnMap {
+    keys: [u32; 4],
+}
+
+impl QpnMap {
+    fn new(rng: &mut Rng) -> QpnMap {
+        QpnMap { keys: [rng.next_u32(), rng.next_u32(), rng.next_u32(), rng.next_u32()] }
+    }
+    fn f(x: u32, k: u32) -> u32 {
+        let v = (x ^ k).wrapping_mul(0x9e37_79b1);
+        (v ^ (v >> 15) ^ (k >> 12)) & 0xfff
+    }
+    fn encode(&self, x: u32) -> u32 {
+        let (mut l, mut r) = ((x >> 12) & 0xfff, x & 0xfff);
+        for &k in &self.keys {
+            (l, r) = (r, l ^ Self::f(r, k));
+        }
+        l << 12 | r
+    }
+    fn decode(&self, y: u32) -> u32 {
+        let (mut l, mut r) = ((y >> 12) & 0xfff, y & 0xfff);
+        for &k in self.keys.iter().rev() {
+            (l, r) = (r ^ Self::f(l, k), l);
+        }
+        l << 12 | r
+    }
+}
+
 fn transport_matches(t: QpType, tr: Transport) -> bool {
     matches!(
         (t, tr),
@@ -1050,3 +1097,24 @@ pub(crate) type Packet<'a> = ParsedFrame<'a>;
 
 /// Helper for tests and tools: the default Q_Key ibv_ud_pingpong uses.
 pub const PINGPONG_QKEY: QKey = QKey(0x1111_1111);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn qpn_map_is_a_permutation_of_the_24_bit_space() {
+        let m = QpnMap::new(&mut Rng::new(3));
+        let mut seen = vec![false; 1 << 24];
+        for x in 0..1u32 << 24 {
+            let y = m.encode(x);
+            assert!(y < 1 << 24);
+            assert!(!seen[y as usize], "{x} collides");
+            seen[y as usize] = true;
+            assert_eq!(m.decode(y), x);
+        }
+        // Consecutive slots do not give consecutive QPNs.
+        let v: Vec<u32> = (0..8).map(|x| m.encode(x)).collect();
+        assert!(v.windows(2).all(|w| w[0].abs_diff(w[1]) > 1), "{v:x?}");
+    }
+}
