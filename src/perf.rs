@@ -222,7 +222,11 @@ pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
     let mut ok = true;
     for r in &reports {
         if r.errors > 0 {
-            println!(" {} error completions", r.errors);
+            println!(
+                " {} error completions; the first: {}",
+                r.errors,
+                r.first_error.as_deref().unwrap_or("?")
+            );
             ok = false;
         }
         match r.verified {

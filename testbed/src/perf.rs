@@ -72,6 +72,8 @@ pub struct Report {
     pub verified: Option<bool>,
     pub verify_detail: String,
     pub errors: u64,
+    /// The first error completion, described.
+    pub first_error: Option<String>,
     pub limit_gbps: f64,
     pub bw_peak_mbps: f64,
     /// Latencies in microseconds, sorted.
@@ -154,6 +156,9 @@ pub fn measure_limit(total: u64, mtu: usize) -> f64 {
 }
 
 struct Conn {
+    /// Position in the connection list; carried in the top bits of every wr_id so that a
+    /// completion finds its connection without a lookup.
+    pos: usize,
     index: usize,
     qa: Qpn,
     qb: Qpn,
@@ -241,6 +246,8 @@ impl Bed {
 }
 
 const RX_DEPTH: usize = 512;
+/// wr_id = connection position << POS_SHIFT | iteration.
+const POS_SHIFT: u32 = 40;
 /// Receive buffers per QP: receives are posted up to the ring depth but cycle over this many
 /// buffers (every message of a QP carries the same pattern, checked as it completes), so that
 /// the receive side works in cache as perftest's does.
@@ -317,6 +324,7 @@ fn setup(o: &Opts) -> Result<(Bed, Vec<Conn>), String> {
         bring_up(&mut b, qb, qa, IP_A, psn_b, psn_a, &opts).map_err(e)?;
         let r = q % regions;
         conns.push(Conn {
+            pos: q,
             index: r,
             qa,
             qb,
@@ -412,7 +420,7 @@ fn post_recvs(bed: &mut Bed, o: &Opts, c: &mut Conn) {
             .post_recv(
                 c.qb,
                 RecvWr {
-                    wr_id: c.rx_posted,
+                    wr_id: (c.pos as u64) << POS_SHIFT | c.rx_posted,
                     sg_list: vec![sge],
                 },
             )
@@ -440,20 +448,11 @@ pub fn run_bw(o: &Opts) -> Result<Report, String> {
     let limit_gbps = measure_limit((msg_bytes * o.iters.min(1 << 20)).max(1), o.mtu.bytes());
     let mut wcs = Vec::with_capacity(4096);
     let mut errors = 0u64;
+    let mut first_error: Option<String> = None;
     let mut send_bad = 0u64;
     let regions = conns.iter().map(|c| c.index).max().unwrap_or(0) + 1;
     let expect_send: Vec<Vec<u8>> = (0..regions)
         .map(|q| pattern(1000 + q as u64, o.size.max(8)))
-        .collect();
-    let by_qpn: std::collections::HashMap<u32, usize> = conns
-        .iter()
-        .enumerate()
-        .map(|(i, c)| (c.qa.value(), i))
-        .collect();
-    let by_qpn_b: std::collections::HashMap<u32, usize> = conns
-        .iter()
-        .enumerate()
-        .map(|(i, c)| (c.qb.value(), i))
         .collect();
     let (cqa, cqb) = (conns[0].cqa, conns[0].cqb);
     bed.start = Instant::now();
@@ -479,7 +478,8 @@ pub fn run_bw(o: &Opts) -> Result<Report, String> {
                 post_recvs(&mut bed, o, c);
             }
             while !stopped_posting && c.outstanding < o.tx_depth && c.posted < total_iters {
-                let w = wr_for(o, c, c.posted);
+                let mut w = wr_for(o, c, c.posted);
+                w.wr_id |= (c.pos as u64) << POS_SHIFT;
                 if bed.a.post_send(c.qa, w).is_err() {
                     break;
                 }
@@ -494,10 +494,20 @@ pub fn run_bw(o: &Opts) -> Result<Report, String> {
         for w in &wcs {
             if w.status != WcStatus::Success {
                 errors += 1;
+                if first_error.is_none() {
+                    first_error = Some(format!(
+                        "qp {} wr {}: {} ({:?}); A {}",
+                        w.qp_num,
+                        w.wr_id & ((1 << POS_SHIFT) - 1),
+                        w.status.as_str(),
+                        w.status,
+                        bed.a.debug_qp(w.qp_num)
+                    ));
+                }
             }
-            if let Some(&i) = by_qpn.get(&w.qp_num.value()) {
-                conns[i].done += 1;
-                conns[i].outstanding -= 1;
+            if let Some(c) = conns.get_mut((w.wr_id >> POS_SHIFT) as usize) {
+                c.done += 1;
+                c.outstanding -= 1;
             }
         }
         if o.test == Test::Send {
@@ -506,13 +516,12 @@ pub fn run_bw(o: &Opts) -> Result<Report, String> {
             let msg = o.size.max(8);
             let mem = bed.b.mr_bytes(conns[0].mrb.lkey).unwrap();
             for w in &wcs {
-                let Some(&i) = by_qpn_b.get(&w.qp_num.value()) else {
+                let Some(c) = conns.get_mut((w.wr_id >> POS_SHIFT) as usize) else {
                     continue;
                 };
-                let c = &mut conns[i];
                 c.rx_done += 1;
                 if o.verify {
-                    let slot = (w.wr_id % RX_BUFS as u64) as usize;
+                    let slot = ((w.wr_id & ((1 << POS_SHIFT) - 1)) % RX_BUFS as u64) as usize;
                     let off = c.offb + msg + 64 + slot * msg;
                     if w.status != WcStatus::Success
                         || w.byte_len as usize != o.size
@@ -580,6 +589,7 @@ pub fn run_bw(o: &Opts) -> Result<Report, String> {
         verified: None,
         verify_detail: String::new(),
         errors,
+        first_error,
         limit_gbps,
         bw_peak_mbps: peak.max(bytes as f64 / seconds / 1e6),
         lat_us: Vec::new(),
@@ -825,6 +835,7 @@ pub fn run_lat(o: &Opts) -> Result<Report, String> {
         verified: if o.verify { Some(errors == 0) } else { None },
         verify_detail: String::new(),
         errors,
+        first_error: None,
         limit_gbps,
         bw_peak_mbps: 0.0,
         lat_us: lat,

@@ -1040,7 +1040,14 @@ pub(crate) struct QpnMap {
 
 impl QpnMap {
     fn new(rng: &mut Rng) -> QpnMap {
-        QpnMap { keys: [rng.next_u32(), rng.next_u32(), rng.next_u32(), rng.next_u32()] }
+        QpnMap {
+            keys: [
+                rng.next_u32(),
+                rng.next_u32(),
+                rng.next_u32(),
+                rng.next_u32(),
+            ],
+        }
     }
     fn f(x: u32, k: u32) -> u32 {
         let v = (x ^ k).wrapping_mul(0x9e37_79b1);

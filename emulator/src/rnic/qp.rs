@@ -75,6 +75,9 @@ pub(crate) enum Resource {
         len: u64,
         /// Next response packet to send (index), `npkts` when finished.
         next: u32,
+        /// Re-executed for a duplicate request: the requester may already have what it asked
+        /// for (the first responses can still arrive), so it may make room for a new request.
+        replay: bool,
         msn: Msn,
     },
     Atomic {

@@ -375,15 +375,25 @@ fn write_done(
 
 /// Frees responder resources that finished, oldest first, down to `keep` entries.
 fn trim_resources(qp: &mut Qp, keep: usize) {
-    while qp.resources.len() > keep {
-        let busy = match qp.resources.front() {
-            Some(Resource::Read { next, npkts, .. }) => next < npkts,
-            _ => false,
-        };
-        if busy {
-            break;
+    // Oldest first: resources that finished responding, then re-executions. A conforming
+    // requester completes reads in order and only sends a new one with fewer than its
+    // max_rd_atomic outstanding, so the oldest replays are ones it no longer waits for (rxe
+    // recycles its oldest resource the same way); an original request still being answered is
+    // never dropped, so a requester that really exceeds the limit is NAKed (C9-150).
+    let finished = |r: &Resource| match r {
+        Resource::Read { next, npkts, .. } => next >= npkts,
+        Resource::Atomic { .. } => true,
+    };
+    let replay = |r: &Resource| matches!(r, Resource::Read { replay: true, .. });
+    for pick in [&finished as &dyn Fn(&Resource) -> bool, &replay] {
+        while qp.resources.len() > keep {
+            match qp.resources.iter().position(pick) {
+                Some(i) => {
+                    qp.resources.remove(i);
+                }
+                None => break,
+            }
         }
-        qp.resources.pop_front();
     }
 }
 
@@ -416,6 +426,7 @@ fn rc_read(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
         va: reth.va,
         len,
         next: 0,
+        replay: false,
         msn: qp.msn,
     });
     qp.resp_out.push_back(RespOut::Read { res_psn: psn });
@@ -521,6 +532,7 @@ fn duplicate(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
                 va: reth.va,
                 len,
                 next: 0,
+                replay: true,
                 msn,
             };
             if !qp
@@ -802,6 +814,7 @@ pub(crate) fn produce(dev: &mut Dev, qp: &mut Qp, _now: Nanos, buf: &mut [u8]) -
                 len,
                 next,
                 msn,
+                ..
             } = qp.resources[i]
             else {
                 return None;
