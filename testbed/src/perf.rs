@@ -402,7 +402,7 @@ fn wr_for(o: &Opts, c: &Conn, i: u64) -> SendWr {
             swap: i + 1,
         },
     };
-    SendWr::new(i, op, vec![local])
+    SendWr::new(i, op, [local])
 }
 
 fn post_recvs(bed: &mut Bed, o: &Opts, c: &mut Conn) {

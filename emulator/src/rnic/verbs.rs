@@ -430,12 +430,70 @@ pub struct UdDest {
     pub remote_qkey: QKey,
 }
 
+/// A scatter/gather list: up to two entries stored inline (no allocation per work request, no
+/// pointer to chase when the WQE executes), more on the heap.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SgList {
+    Inline { n: u8, sges: [Sge; 2] },
+    Heap(Vec<Sge>),
+}
+
+impl Default for SgList {
+    fn default() -> SgList {
+        SgList::Inline {
+            n: 0,
+            sges: [Sge::default(); 2],
+        }
+    }
+}
+
+impl core::ops::Deref for SgList {
+    type Target = [Sge];
+    fn deref(&self) -> &[Sge] {
+        match self {
+            SgList::Inline { n, sges } => &sges[..*n as usize],
+            SgList::Heap(v) => v,
+        }
+    }
+}
+
+impl From<&[Sge]> for SgList {
+    fn from(s: &[Sge]) -> SgList {
+        if s.len() <= 2 {
+            let mut sges = [Sge::default(); 2];
+            sges[..s.len()].copy_from_slice(s);
+            SgList::Inline {
+                n: s.len() as u8,
+                sges,
+            }
+        } else {
+            SgList::Heap(s.to_vec())
+        }
+    }
+}
+
+impl From<Vec<Sge>> for SgList {
+    fn from(v: Vec<Sge>) -> SgList {
+        if v.len() <= 2 {
+            SgList::from(&v[..])
+        } else {
+            SgList::Heap(v)
+        }
+    }
+}
+
+impl<const N: usize> From<[Sge; N]> for SgList {
+    fn from(a: [Sge; N]) -> SgList {
+        SgList::from(&a[..])
+    }
+}
+
 /// `ibv_send_wr`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SendWr {
     pub wr_id: u64,
     pub opcode: WrOpcode,
-    pub sg_list: Vec<Sge>,
+    pub sg_list: SgList,
     pub flags: SendFlags,
     /// For `SendFlags::INLINE`: the bytes themselves, copied at post time.
     pub inline_data: Vec<u8>,
@@ -443,11 +501,11 @@ pub struct SendWr {
 }
 
 impl SendWr {
-    pub fn new(wr_id: u64, opcode: WrOpcode, sg_list: Vec<Sge>) -> SendWr {
+    pub fn new(wr_id: u64, opcode: WrOpcode, sg_list: impl Into<SgList>) -> SendWr {
         SendWr {
             wr_id,
             opcode,
-            sg_list,
+            sg_list: sg_list.into(),
             flags: SendFlags::SIGNALED,
             inline_data: Vec::new(),
             ud: None,
