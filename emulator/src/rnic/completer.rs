@@ -90,16 +90,20 @@ fn after_ack(qp: &mut Qp) {
     }
 }
 
+/// The oldest sent READ or atomic still waiting for its response: responses arrive for it (in
+/// order), and no acknowledgement may move past its missing ones.
+fn awaiting_response(qp: &Qp) -> Option<usize> {
+    qp.sq
+        .iter()
+        .take_while(|w| w.started)
+        .position(|w| w.wr.opcode.is_read_or_atomic() && !w.done)
+}
+
 /// Moves the acknowledged PSN forward to `to`, but never past a read or atomic whose response
 /// has not arrived: an ACK or NAK beyond it acknowledges the request, not the data (IBTA
 /// 9.7.5.2.2). Returns true when it moved.
 fn advance_acked(qp: &mut Qp, to: Psn) -> bool {
-    let limit = qp
-        .sq
-        .iter()
-        .take_while(|w| w.started)
-        .find(|w| w.wr.opcode.is_read_or_atomic() && !w.done)
-        .map(|w| w.first_psn.add(w.resp_pkts));
+    let limit = awaiting_response(qp).map(|i| qp.sq[i].first_psn.add(qp.sq[i].resp_pkts));
     let to = match limit {
         Some(l) if to.is_after(l) => l,
         _ => to,
@@ -279,7 +283,7 @@ fn fail_at(dev: &mut Dev, qp: &mut Qp, psn: Psn, status: WcStatus) {
         .sq
         .iter()
         .take_while(|w| w.started)
-        .position(|w| w.started && !w.last_psn().is_before(psn))
+        .position(|w| !w.last_psn().is_before(psn))
         .unwrap_or(0);
     fail_wqe(dev, qp, i, status);
 }
@@ -287,12 +291,7 @@ fn fail_at(dev: &mut Dev, qp: &mut Qp, psn: Psn, status: WcStatus) {
 fn read_response(dev: &mut Dev, qp: &mut Qp, now: Nanos, pkt: &Packet<'_>) {
     let psn = pkt.bth.psn;
     // The READ this response belongs to: the oldest WQE still waiting for responses.
-    let Some(ri) = qp
-        .sq
-        .iter()
-        .take_while(|w| w.started)
-        .position(|w| w.wr.opcode.is_read_or_atomic() && !w.done)
-    else {
+    let Some(ri) = awaiting_response(qp) else {
         dev.counters.rx_dropped += 1;
         return;
     };
@@ -313,12 +312,7 @@ fn read_response(dev: &mut Dev, qp: &mut Qp, now: Nanos, pkt: &Packet<'_>) {
     if ri > 0 {
         complete_before(dev, qp, now, first);
     }
-    let Some(ri) = qp
-        .sq
-        .iter()
-        .take_while(|w| w.started)
-        .position(|w| w.wr.opcode.is_read_or_atomic() && !w.done)
-    else {
+    let Some(ri) = awaiting_response(qp) else {
         return;
     };
     let expected = first.add(got);
@@ -381,12 +375,7 @@ fn read_response(dev: &mut Dev, qp: &mut Qp, now: Nanos, pkt: &Packet<'_>) {
 
 fn atomic_ack(dev: &mut Dev, qp: &mut Qp, now: Nanos, pkt: &Packet<'_>) {
     let psn = pkt.bth.psn;
-    let Some(ri) = qp
-        .sq
-        .iter()
-        .take_while(|w| w.started)
-        .position(|w| w.wr.opcode.is_read_or_atomic() && !w.done)
-    else {
+    let Some(ri) = awaiting_response(qp) else {
         dev.counters.rx_dropped += 1;
         return;
     };
@@ -403,12 +392,7 @@ fn atomic_ack(dev: &mut Dev, qp: &mut Qp, now: Nanos, pkt: &Packet<'_>) {
     if ri > 0 {
         complete_before(dev, qp, now, first);
     }
-    let Some(ri) = qp
-        .sq
-        .iter()
-        .take_while(|w| w.started)
-        .position(|w| w.wr.opcode.is_read_or_atomic() && !w.done)
-    else {
+    let Some(ri) = awaiting_response(qp) else {
         return;
     };
     let orig = pkt.ext.atomic_ack.map(|a| a.orig).unwrap_or(0);

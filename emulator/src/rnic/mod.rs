@@ -28,9 +28,7 @@ use rocemu_wire::eth::EthernetRepr;
 use rocemu_wire::frame::{IpRepr, ParsedFrame};
 use rocemu_wire::ip::{Ipv4Repr, Ipv6Repr};
 use rocemu_wire::opcode::Transport;
-use rocemu_wire::{
-    parse_frame, BthRepr, ExtHeaders, FrameRepr, PKey, Psn, QKey, Qpn, ROCEV2_UDP_PORT,
-};
+use rocemu_wire::{parse_frame, BthRepr, ExtHeaders, FrameRepr, PKey, Psn, Qpn, ROCEV2_UDP_PORT};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::net::IpAddr;
@@ -1101,9 +1099,6 @@ pub(crate) fn flush(dev: &mut Dev, qp: &mut Qp) {
 }
 
 pub(crate) type Packet<'a> = ParsedFrame<'a>;
-
-/// Helper for tests and tools: the default Q_Key ibv_ud_pingpong uses.
-pub const PINGPONG_QKEY: QKey = QKey(0x1111_1111);
 
 #[cfg(test)]
 mod tests {

@@ -204,52 +204,56 @@ impl MemTable {
 
     /// Copies `out.len()` bytes starting `offset` bytes into the gather list `sges` (already
     /// checked) into `out`.
-    pub fn gather(&self, sges: &[Sge], mut offset: u64, out: &mut [u8]) {
-        let mut done = 0;
-        for s in sges {
-            if done == out.len() {
-                break;
-            }
-            let l = s.length as u64;
-            if offset >= l {
-                offset -= l;
-                continue;
-            }
+    pub fn gather(&self, sges: &[Sge], offset: u64, out: &mut [u8]) {
+        for (s, at, range) in pieces(sges, offset, out.len()) {
             let Some(mr) = self.by_lkey(s.lkey) else {
                 return;
             };
-            let base = (s.addr - mr.info.addr + offset) as usize;
-            let n = ((l - offset) as usize).min(out.len() - done);
-            out[done..done + n].copy_from_slice(&mr.data[base..base + n]);
-            done += n;
-            offset = 0;
+            let base = (s.addr - mr.info.addr + at) as usize;
+            out[range.clone()].copy_from_slice(&mr.data[base..base + range.len()]);
         }
     }
 
     /// Copies `data` into the scatter list `sges` (already checked) starting `offset` bytes in.
     /// Returns false when the list is too short (a local length error).
-    pub fn scatter(&mut self, sges: &[Sge], mut offset: u64, data: &[u8]) -> bool {
+    pub fn scatter(&mut self, sges: &[Sge], offset: u64, data: &[u8]) -> bool {
         let mut done = 0;
-        for s in sges {
-            if done == data.len() {
-                break;
-            }
-            let l = s.length as u64;
-            if offset >= l {
-                offset -= l;
-                continue;
-            }
+        for (s, at, range) in pieces(sges, offset, data.len()) {
             let Some(mr) = self.by_lkey_mut(s.lkey) else {
                 return false;
             };
-            let base = (s.addr - mr.info.addr + offset) as usize;
-            let n = ((l - offset) as usize).min(data.len() - done);
-            mr.data[base..base + n].copy_from_slice(&data[done..done + n]);
-            done += n;
-            offset = 0;
+            let base = (s.addr - mr.info.addr + at) as usize;
+            mr.data[base..base + range.len()].copy_from_slice(&data[range.clone()]);
+            done = range.end;
         }
         done == data.len()
     }
+}
+
+/// The pieces of a transfer of `len` bytes that starts `offset` bytes into an SGE list: for each
+/// SGE it touches, the SGE, the offset within it, and the range of the transfer it holds.
+fn pieces(
+    sges: &[Sge],
+    mut offset: u64,
+    len: usize,
+) -> impl Iterator<Item = (&Sge, u64, std::ops::Range<usize>)> {
+    let mut done = 0usize;
+    sges.iter().filter_map(move |s| {
+        let l = s.length as u64;
+        if done == len {
+            return None;
+        }
+        if offset >= l {
+            offset -= l;
+            return None;
+        }
+        let at = offset;
+        let n = ((l - at) as usize).min(len - done);
+        let r = done..done + n;
+        done += n;
+        offset = 0;
+        Some((s, at, r))
+    })
 }
 
 #[cfg(test)]

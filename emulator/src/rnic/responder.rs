@@ -8,7 +8,7 @@ use super::{flush, Dev, Packet};
 use crate::time::Nanos;
 use rocemu_wire::frame::pad_for;
 use rocemu_wire::headers::{AethRepr, AtomicAckEthRepr};
-use rocemu_wire::opcode::{Operation, Position};
+use rocemu_wire::opcode::{OpcodeInfo, Operation, Position};
 use rocemu_wire::{BthRepr, ExtHeaders, NakCode, Opcode, Psn, Syndrome};
 
 /// The syndrome of a positive ACK: credits invalid (what rxe sends; RoCE has no end-to-end
@@ -113,27 +113,14 @@ fn rc_receive(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
         return;
     }
     let info = pkt.bth.opcode.info();
-    // Opcode sequence (IBTA 9.7.5.1.3, C9-91).
-    let in_send = matches!(qp.resp_msg, RespMsg::Send { .. });
-    let in_write = matches!(qp.resp_msg, RespMsg::Write { .. });
-    let seq_ok = match (info.operation, info.position) {
-        (Operation::Send, Position::Middle | Position::Last) => in_send,
-        (Operation::RdmaWrite, Position::Middle | Position::Last) => in_write,
-        _ => !in_send && !in_write,
-    };
+    let seq_ok = in_sequence(&qp.resp_msg, info);
     if !seq_ok {
         fatal(dev, qp, psn, NakCode::InvalidRequest, None);
         return;
     }
     let mtu = qp.mtu();
     let plen = pkt.payload.len() as u64;
-    // Packet lengths (IBTA 9.7.5.1.3, C9-94): FIRST and MIDDLE carry exactly one path MTU.
-    let len_ok = match info.position {
-        Position::First | Position::Middle => plen == mtu,
-        Position::Last => plen >= 1 && plen <= mtu,
-        Position::Only => plen <= mtu,
-    };
-    if info.has_payload() && !len_ok {
+    if info.has_payload() && !length_ok(info, plen, mtu) {
         fatal(
             dev,
             qp,
@@ -277,25 +264,11 @@ fn rc_write(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) -> bool {
     let psn = pkt.bth.psn;
     let info = pkt.bth.opcode.info();
     let plen = pkt.payload.len() as u64;
-    let (rkey, va, remaining, total) = match (&qp.resp_msg, pkt.ext.reth) {
-        (
-            RespMsg::Write {
-                rkey,
-                va,
-                remaining,
-                total,
-            },
-            None,
-        ) => (*rkey, *va, *remaining, *total),
-        (_, Some(r)) => (r.rkey.0, r.va, r.dma_len as u64, r.dma_len as u64),
-        _ => {
-            fatal(dev, qp, psn, NakCode::InvalidRequest, None);
-            return false;
-        }
+    let Some((rkey, va, remaining, total)) = write_cursor(&qp.resp_msg, pkt) else {
+        fatal(dev, qp, psn, NakCode::InvalidRequest, None);
+        return false;
     };
-    // The payload must fit the RETH length (C9-95), and the last packet must finish it.
-    let fits = plen <= remaining && (!info.position.is_last() || plen == remaining);
-    if !fits {
+    if !write_fits(info, plen, remaining) {
         fatal(dev, qp, psn, NakCode::InvalidRequest, None);
         return false;
     }
@@ -311,11 +284,7 @@ fn rc_write(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) -> bool {
     if plen > 0 || (info.position.is_first() && total > 0) {
         // IBTA 9.4.4.3 (C9-88): R_Key, protection domain, permission and bounds; a zero-length
         // transfer checks nothing.
-        let check_len = if info.position.is_first() {
-            total
-        } else {
-            plen
-        };
+        let check_len = write_check_len(info, plen, total);
         match dev
             .mem
             .check_remote(qp.pd, rkey, va, check_len, Access::REMOTE_WRITE)
@@ -341,6 +310,62 @@ fn rc_write(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) -> bool {
     }
     write_done(dev, qp, pkt, recv, (rkey, va, plen, remaining, total));
     true
+}
+
+/// Opcode sequence (IBTA 9.7.5.1.3, C9-91; 9.8.3 for UC): a MIDDLE or LAST continues the
+/// message in progress, anything else needs none in progress.
+fn in_sequence(msg: &RespMsg, info: &OpcodeInfo) -> bool {
+    let in_send = matches!(msg, RespMsg::Send { .. });
+    let in_write = matches!(msg, RespMsg::Write { .. });
+    match (info.operation, info.position) {
+        (Operation::Send, Position::Middle | Position::Last) => in_send,
+        (Operation::RdmaWrite, Position::Middle | Position::Last) => in_write,
+        _ => !in_send && !in_write,
+    }
+}
+
+/// Packet lengths (IBTA 9.7.5.1.3, C9-94): FIRST and MIDDLE carry exactly one path MTU, LAST
+/// 1 … MTU bytes, ONLY at most the MTU.
+fn length_ok(info: &OpcodeInfo, plen: u64, mtu: u64) -> bool {
+    match info.position {
+        Position::First | Position::Middle => plen == mtu,
+        Position::Last => plen >= 1 && plen <= mtu,
+        Position::Only => plen <= mtu,
+    }
+}
+
+/// Where an RDMA WRITE packet lands — (R_Key, address, bytes remaining, message length) — from
+/// the RETH of a FIRST or ONLY, or from the write in progress; `None` for a MIDDLE or LAST with
+/// none in progress.
+fn write_cursor(msg: &RespMsg, pkt: &Packet<'_>) -> Option<(u32, u64, u64, u64)> {
+    match (msg, pkt.ext.reth) {
+        (_, Some(r)) => Some((r.rkey.0, r.va, r.dma_len as u64, r.dma_len as u64)),
+        (
+            RespMsg::Write {
+                rkey,
+                va,
+                remaining,
+                total,
+            },
+            None,
+        ) => Some((*rkey, *va, *remaining, *total)),
+        _ => None,
+    }
+}
+
+/// The payload must fit the RETH length, and the last packet must finish it (C9-95).
+fn write_fits(info: &OpcodeInfo, plen: u64, remaining: u64) -> bool {
+    plen <= remaining && (!info.position.is_last() || plen == remaining)
+}
+
+/// The bytes a WRITE packet's access check covers: the whole RETH length at the first packet
+/// (so that a write that cannot finish fails before it starts), the packet's own after that.
+fn write_check_len(info: &OpcodeInfo, plen: u64, total: u64) -> u64 {
+    if info.position.is_first() {
+        total
+    } else {
+        plen
+    }
 }
 
 /// After an RDMA WRITE packet's bytes landed (RC and UC alike): at the last packet, the message
@@ -583,21 +608,10 @@ fn uc_receive(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
             return;
         }
     }
-    let in_send = matches!(qp.resp_msg, RespMsg::Send { .. });
-    let in_write = matches!(qp.resp_msg, RespMsg::Write { .. });
-    let seq_ok = match (info.operation, info.position) {
-        (Operation::Send, Position::Middle | Position::Last) => in_send,
-        (Operation::RdmaWrite, Position::Middle | Position::Last) => in_write,
-        _ => !in_send && !in_write,
-    };
+    let seq_ok = in_sequence(&qp.resp_msg, info);
     let mtu = qp.mtu();
     let plen = pkt.payload.len() as u64;
-    let len_ok = match info.position {
-        Position::First | Position::Middle => plen == mtu,
-        Position::Last => plen >= 1 && plen <= mtu,
-        Position::Only => plen <= mtu,
-    };
-    if !seq_ok || !len_ok {
+    if !seq_ok || !length_ok(info, plen, mtu) {
         abandon_uc(qp);
         qp.resp_msg = if info.position.is_last() {
             RespMsg::Idle
@@ -649,25 +663,11 @@ fn uc_receive(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
             }
         }
         Operation::RdmaWrite => {
-            let (rkey, va, remaining, total) = match (&qp.resp_msg, pkt.ext.reth) {
-                (
-                    RespMsg::Write {
-                        rkey,
-                        va,
-                        remaining,
-                        total,
-                    },
-                    None,
-                ) => (*rkey, *va, *remaining, *total),
-                (_, Some(r)) => (r.rkey.0, r.va, r.dma_len as u64, r.dma_len as u64),
-                _ => return,
+            let Some((rkey, va, remaining, total)) = write_cursor(&qp.resp_msg, pkt) else {
+                return;
             };
-            let fits = plen <= remaining && (!info.position.is_last() || plen == remaining);
-            let check_len = if info.position.is_first() {
-                total
-            } else {
-                plen
-            };
+            let fits = write_fits(info, plen, remaining);
+            let check_len = write_check_len(info, plen, total);
             let target = if check_len > 0 && qp.attr.qp_access_flags.contains(Access::REMOTE_WRITE)
             {
                 dev.mem
