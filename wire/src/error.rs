@@ -14,6 +14,8 @@ pub enum Layer {
     Bth,
     /// The extension headers the opcode's layout requires, plus the ICRC.
     Transport,
+    Arp,
+    Icmpv6,
 }
 
 impl fmt::Display for Layer {
@@ -26,6 +28,8 @@ impl fmt::Display for Layer {
             Layer::Udp => "UDP header",
             Layer::Bth => "BTH",
             Layer::Transport => "transport headers and ICRC",
+            Layer::Arp => "ARP packet",
+            Layer::Icmpv6 => "ICMPv6 message",
         })
     }
 }
@@ -66,6 +70,10 @@ pub enum Error {
     UnknownOpcode(u8),
     /// The pad count is larger than the payload that carries it.
     PadExceedsPayload { pad: u8, payload: usize },
+    /// ARP for something other than IPv4 over Ethernet.
+    NotArpForIpv4 { htype: u16, ptype: u16 },
+    /// Not a well-formed IPv6 neighbour solicitation or advertisement.
+    NotNd,
 }
 
 impl fmt::Display for Error {
@@ -131,6 +139,13 @@ impl fmt::Display for Error {
             Error::PadExceedsPayload { pad, payload } => {
                 write!(f, "pad count {pad} > {payload} payload bytes")
             }
+            Error::NotArpForIpv4 { htype, ptype } => {
+                write!(
+                    f,
+                    "ARP for hardware type {htype}, protocol 0x{ptype:04x}: not Ethernet/IPv4"
+                )
+            }
+            Error::NotNd => f.write_str("not an IPv6 neighbour solicitation or advertisement"),
         }
     }
 }

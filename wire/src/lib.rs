@@ -14,6 +14,7 @@
 //! for the opcodes); the RoCEv2 encapsulation and the ICRC masking follow Annex A17.
 #![forbid(unsafe_code)]
 
+pub mod arp;
 pub mod capture;
 mod error;
 pub mod eth;
@@ -23,6 +24,7 @@ pub mod fuzzing;
 pub mod headers;
 pub mod icrc;
 pub mod ip;
+pub mod nd;
 pub mod opcode;
 pub mod types;
 
