@@ -158,7 +158,7 @@ impl Device {
         v
     }
 
-    fn wake(&self) {
+    pub(crate) fn wake(&self) {
         self.shared.progress.notify_waiters();
     }
 }

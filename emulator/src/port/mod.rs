@@ -1,2 +1,78 @@
-//! Ports move whole Ethernet frames. The in-process wire lives in [`wire`].
+//! Ports move whole Ethernet frames in bursts.
+//!
+//! * [`wire`]: the in-process wire (tests, the simulator, `rocemu demo`, in-process `rocemu perf`).
+//! * `af_packet`: any Linux interface, through a packet socket.
+//! * DPDK (any PMD) lives in the `rocemu-dpdk` crate (`dpdk-glue/`), behind the cargo feature `dpdk`.
+//!
+//! A port lends its own buffers: received frames are handed out in place (in the mbuf, in the
+//! ring slot) and frames to send are built directly into the buffer that goes to the driver, so
+//! the datapath copies nothing. The callbacks are `dyn` so that the CLI can choose a port at run
+//! time; one indirect call per frame is noise next to a CRC pass over it.
+pub mod af_packet;
 pub mod wire;
+
+use rocemu_wire::eth::Mac;
+use std::fmt;
+
+/// Frames in a burst, as DPDK's applications use (`rte_eth_rx_burst` with 32).
+pub const BURST: usize = 32;
+
+/// A port's failure: what went wrong, in words a user can act on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortError(pub String);
+
+impl fmt::Display for PortError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for PortError {}
+
+/// Counters a port keeps of its own.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PortStats {
+    pub rx_frames: u64,
+    pub rx_bytes: u64,
+    pub tx_frames: u64,
+    pub tx_bytes: u64,
+    /// Frames the port had to drop (a full ring, a driver that refused them after retries).
+    pub tx_dropped: u64,
+    pub rx_dropped: u64,
+}
+
+/// Something that moves Ethernet frames (without the FCS).
+pub trait Port {
+    /// Receives up to `max` frames and calls `f` on each, in the port's own buffer (mutable so
+    /// that the ICRC can be checked in place); the buffer goes back to the port when `f`
+    /// returns. Returns how many frames were received.
+    fn rx_burst(&mut self, max: usize, f: &mut dyn FnMut(&mut [u8])) -> usize;
+
+    /// Sends up to `max` frames. `fill` is called with a buffer of at least
+    /// [`Port::frame_capacity`] bytes and returns the length of the frame it wrote at the front,
+    /// or `None` when it has nothing more to send. Returns how many frames were handed to the
+    /// driver. A frame `fill` produced is not lost because the driver was busy: the port keeps
+    /// it and sends it first next time.
+    fn tx_burst(&mut self, max: usize, fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>) -> usize;
+
+    /// Hands over frames the port still holds (a driver that was busy); true when none remain.
+    fn flush(&mut self) -> bool {
+        true
+    }
+
+    /// The port's MAC address.
+    fn mac(&self) -> Mac;
+
+    /// The largest frame it sends or receives, Ethernet header included (MTU + 18).
+    fn frame_capacity(&self) -> usize;
+
+    /// The interface MTU (IP packet size).
+    fn mtu(&self) -> usize {
+        self.frame_capacity() - 18
+    }
+
+    fn stats(&self) -> PortStats;
+
+    /// A name for messages (`af_packet:veth0`, `dpdk:net_memif0`).
+    fn name(&self) -> String;
+}

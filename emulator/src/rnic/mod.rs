@@ -12,6 +12,7 @@
 //! spawns a thread; randomness comes from the seed in [`RnicConfig`]; `handle_timeout(now)` is
 //! idempotent; a frame from the wire, whatever it holds, is answered per the spec or dropped and
 //! counted — never a panic, never a byte outside a memory region.
+#![forbid(unsafe_code)]
 mod completer;
 pub mod mr;
 mod qp;

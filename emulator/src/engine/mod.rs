@@ -1,0 +1,494 @@
+//! The engine: the thin I/O shim that binds one [`Rnic`] to one [`Port`] on a polling thread
+//! (DESIGN.md, "Ports and the engine"), run to completion in bursts of [`BURST`], like a DPDK
+//! lcore.
+//!
+//! One [`Engine::poll`] is one turn of the loop: a receive burst (ARP and neighbour discovery
+//! answered here, everything else to the RNIC), the RNIC's due timers, a transmit burst (ARP/ND
+//! answers first, then the RNIC's frames, built straight into the port's buffers). The caller
+//! owns the loop, so an application can post work and poll completions between turns on the
+//! same thread (that is what `rocemu perf` does); [`Engine::spawn`] runs the loop on its own
+//! thread for a shared [`Device`].
+//!
+//! Invariants:
+//! * Nothing a frame holds stops the engine: the RNIC drops what it cannot use (it is fuzzed
+//!   for that), ARP/ND parsing returns errors rather than panicking, the neighbour table is
+//!   bounded and the queue of answers is bounded (excess answers are dropped and counted).
+//! * The RNIC answers ARP and ND for its own addresses with its own MAC (with DPDK the kernel
+//!   no longer sees the port, so nobody else will).
+pub mod neighbors;
+
+use crate::api::Device;
+use crate::port::{Port, PortStats, BURST};
+use crate::rnic::Rnic;
+use crate::time::Nanos;
+use neighbors::Learnt;
+pub use neighbors::Neighbors;
+use rocemu_wire::arp::{self, ArpRepr};
+use rocemu_wire::capture::CaptureWriter;
+use rocemu_wire::eth::{EthernetRepr, Mac, ETHERTYPE_ARP, ETHERTYPE_IPV6};
+use rocemu_wire::ip::{Ipv6Repr, IPV6_HEADER_LEN};
+use rocemu_wire::nd::{self, NdRepr};
+use std::collections::VecDeque;
+use std::net::{IpAddr, Ipv6Addr};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Answers (ARP / ND) waiting for the transmit burst; more than this in one go is a storm.
+const CTL_QUEUE: usize = 256;
+/// A control frame's largest size (an ND message in IPv6 in Ethernet).
+const CTL_FRAME: usize = 96;
+
+/// What to do when a turn found no work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum IdleStrategy {
+    /// Spin: lowest latency, one core at 100%.
+    BusyPoll,
+    /// Spin a little, then yield, then sleep 50 µs at a time.
+    #[default]
+    Backoff,
+}
+
+/// The engine's own counters (the port and the RNIC keep theirs).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    pub arp_requests_answered: u64,
+    pub arp_requests_sent: u64,
+    pub nd_solicits_answered: u64,
+    pub nd_solicits_sent: u64,
+    pub neighbours_learnt: u64,
+    pub neighbours_refused: u64,
+    /// ARP or ND frames that were malformed, or not for us.
+    pub ctl_ignored: u64,
+    /// Answers dropped because the queue was full (a storm).
+    pub ctl_dropped: u64,
+    /// Frames carrying our own source MAC (a looped-back copy of our own transmission).
+    pub rx_own: u64,
+    pub pcap_errors: u64,
+}
+
+/// Everything but the port, so that a receive burst can borrow both.
+struct State {
+    start: Instant,
+    /// Unix time at `start`, for capture timestamps.
+    epoch: Duration,
+    neighbors: Neighbors,
+    ctl: VecDeque<([u8; CTL_FRAME], usize)>,
+    pcap: Option<CaptureWriter<std::io::BufWriter<std::fs::File>>>,
+    stats: EngineStats,
+    idle: u32,
+    strategy: IdleStrategy,
+}
+
+/// One RNIC bound to one port.
+pub struct Engine {
+    port: Box<dyn Port + Send>,
+    st: State,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("port", &self.port.name())
+            .field("stats", &self.st.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Engine {
+    pub fn new(port: Box<dyn Port + Send>) -> Engine {
+        Engine {
+            port,
+            st: State {
+                start: Instant::now(),
+                epoch: std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap_or_default(),
+                neighbors: Neighbors::default(),
+                ctl: VecDeque::new(),
+                pcap: None,
+                stats: EngineStats::default(),
+                idle: 0,
+                strategy: IdleStrategy::default(),
+            },
+        }
+    }
+
+    /// Records every frame sent and received (before the RNIC sees it) in a pcap file.
+    pub fn record(&mut self, path: &Path) -> Result<(), String> {
+        let w = CaptureWriter::create(path).map_err(|e| format!("--pcap: {e}"))?;
+        self.st.pcap = Some(w);
+        Ok(())
+    }
+
+    /// Flushes the pcap file (also done on drop).
+    pub fn finish_recording(&mut self) -> Result<(), String> {
+        if let Some(w) = self.st.pcap.take() {
+            use std::io::Write;
+            w.into_inner().flush().map_err(|e| format!("--pcap: {e}"))?;
+        }
+        Ok(())
+    }
+
+    pub fn set_idle_strategy(&mut self, s: IdleStrategy) {
+        self.st.strategy = s;
+    }
+
+    /// The engine's clock: monotonic nanoseconds since it was created.
+    pub fn now(&self) -> Nanos {
+        Nanos(self.st.start.elapsed().as_nanos() as u64)
+    }
+
+    pub fn port(&self) -> &dyn Port {
+        &*self.port
+    }
+
+    pub fn port_stats(&self) -> PortStats {
+        self.port.stats()
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        self.st.stats
+    }
+
+    pub fn neighbors(&self) -> &Neighbors {
+        &self.st.neighbors
+    }
+
+    /// One turn: receive a burst, serve due timers, transmit a burst. Returns how many frames
+    /// and timers it handled (0: idle).
+    pub fn poll(&mut self, rnic: &mut Rnic) -> usize {
+        let now = self.now();
+        let st = &mut self.st;
+        let mut work = self.port.rx_burst(BURST, &mut |f| st.receive(rnic, now, f));
+        if rnic.poll_timeout().is_some_and(|t| t <= now) {
+            rnic.handle_timeout(now);
+            work += 1;
+        }
+        if !st.ctl.is_empty() || rnic.wants_transmit() {
+            work += self
+                .port
+                .tx_burst(BURST, &mut |buf| st.transmit(rnic, now, buf));
+        }
+        work
+    }
+
+    /// Turns until `done` holds (checked between turns) or `timeout` passes; true when done.
+    pub fn run_until(
+        &mut self,
+        rnic: &mut Rnic,
+        timeout: Duration,
+        mut done: impl FnMut(&mut Rnic) -> bool,
+    ) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if done(rnic) {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            let w = self.poll(rnic);
+            self.idle(w);
+        }
+    }
+
+    /// Applies the idle strategy after a turn that did `work`.
+    pub fn idle(&mut self, work: usize) {
+        if work > 0 {
+            self.st.idle = 0;
+            return;
+        }
+        self.st.idle = self.st.idle.saturating_add(1);
+        if self.st.strategy == IdleStrategy::Backoff {
+            if self.st.idle > 2000 {
+                std::thread::sleep(Duration::from_micros(50));
+            } else if self.st.idle > 200 {
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// The MAC of `ip`: from the table, or by asking (ARP for IPv4, a neighbour solicitation
+    /// for IPv6) every 250 ms until `timeout`. The answer is handed to the RNIC too.
+    pub fn resolve(
+        &mut self,
+        rnic: &mut Rnic,
+        ip: IpAddr,
+        timeout: Duration,
+    ) -> Result<Mac, String> {
+        let deadline = Instant::now() + timeout;
+        let mut next_ask = Instant::now();
+        loop {
+            let now = self.now();
+            if let Some(m) = self.st.neighbors.get(ip, now) {
+                rnic.set_neighbor(ip, m);
+                return Ok(m);
+            }
+            let t = Instant::now();
+            if t >= deadline {
+                return Err(format!(
+                    "no answer from {ip} on {} within {:.1} s ({} asked; is the peer up and on this link?)",
+                    self.port.name(),
+                    timeout.as_secs_f64(),
+                    if ip.is_ipv4() { "ARP" } else { "neighbour discovery" }
+                ));
+            }
+            if t >= next_ask {
+                self.st.ask(rnic, ip)?;
+                next_ask = t + Duration::from_millis(250);
+            }
+            let w = self.poll(rnic);
+            self.idle(w);
+        }
+    }
+
+    /// Sends what the port still holds; true when nothing is left.
+    pub fn flush(&mut self) -> bool {
+        self.port.flush()
+    }
+
+    /// Runs the loop on its own thread for a shared [`Device`], until the handle is dropped.
+    pub fn spawn(mut self, dev: Device) -> EngineHandle {
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("rocemu-engine".into())
+            .spawn(move || {
+                while !s.load(Ordering::Relaxed) {
+                    let w = dev.with(|r| self.poll(r));
+                    if w > 0 {
+                        dev.wake();
+                    }
+                    self.idle(w);
+                }
+                self.flush();
+                let _ = self.finish_recording();
+                self
+            })
+            .expect("spawn the engine thread");
+        EngineHandle {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        let _ = self.finish_recording();
+    }
+}
+
+/// The engine running on its own thread; dropping it (or [`EngineHandle::stop`]) stops it.
+#[derive(Debug)]
+pub struct EngineHandle {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<Engine>>,
+}
+
+impl EngineHandle {
+    /// Stops the thread and gives the engine back.
+    pub fn stop(mut self) -> Option<Engine> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.take().and_then(|t| t.join().ok())
+    }
+}
+
+impl Drop for EngineHandle {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl State {
+    fn capture(&mut self, now: Nanos, f: &[u8]) {
+        if let Some(w) = self.pcap.as_mut() {
+            if w.write(self.epoch + Duration::from_nanos(now.0), f)
+                .is_err()
+            {
+                self.stats.pcap_errors += 1;
+            }
+        }
+    }
+
+    fn receive(&mut self, rnic: &mut Rnic, now: Nanos, f: &mut [u8]) {
+        self.capture(now, f);
+        let Ok((eth, off)) = EthernetRepr::parse(f) else {
+            // The RNIC counts it as malformed.
+            rnic.handle_frame_mut(now, f);
+            return;
+        };
+        if eth.src == rnic.mac() {
+            self.stats.rx_own += 1;
+            return;
+        }
+        match eth.ethertype {
+            ETHERTYPE_ARP => self.arp(rnic, now, &f[off..]),
+            ETHERTYPE_IPV6 if f.len() > off + 6 && f[off + 6] == nd::PROTO_ICMPV6 => {
+                self.nd(rnic, now, &f[off..])
+            }
+            _ => rnic.handle_frame_mut(now, f),
+        }
+    }
+
+    fn learn(&mut self, rnic: &mut Rnic, ip: IpAddr, mac: Mac, now: Nanos) {
+        if mac.is_multicast() || mac == Mac([0; 6]) {
+            return;
+        }
+        match self.neighbors.learn(ip, mac, now) {
+            Learnt::New | Learnt::Changed => {
+                self.stats.neighbours_learnt += 1;
+                rnic.set_neighbor(ip, mac);
+            }
+            Learnt::Refreshed => {}
+            Learnt::Refused => self.stats.neighbours_refused += 1,
+        }
+    }
+
+    fn queue(&mut self, frame: [u8; CTL_FRAME], len: usize) {
+        if self.ctl.len() >= CTL_QUEUE {
+            self.stats.ctl_dropped += 1;
+        } else {
+            self.ctl.push_back((frame, len));
+        }
+    }
+
+    fn arp(&mut self, rnic: &mut Rnic, now: Nanos, payload: &[u8]) {
+        let Ok(a) = ArpRepr::parse(payload) else {
+            self.stats.ctl_ignored += 1;
+            return;
+        };
+        let ours = rnic.ips().contains(&IpAddr::V4(a.target_ip));
+        // RFC 826: update an entry we have; add one when the packet is for us.
+        let known = self.neighbors.get(IpAddr::V4(a.sender_ip), now).is_some();
+        if (ours || known) && !a.sender_ip.is_unspecified() {
+            self.learn(rnic, IpAddr::V4(a.sender_ip), a.sender_mac, now);
+        }
+        if !ours {
+            self.stats.ctl_ignored += 1;
+            return;
+        }
+        if a.op == arp::OP_REQUEST {
+            let reply = ArpRepr {
+                op: arp::OP_REPLY,
+                sender_mac: rnic.mac(),
+                sender_ip: a.target_ip,
+                target_mac: a.sender_mac,
+                target_ip: a.sender_ip,
+            };
+            let mut b = [0u8; CTL_FRAME];
+            let n = reply.emit_frame(a.sender_mac, &mut b);
+            self.stats.arp_requests_answered += 1;
+            self.queue(b, n);
+        }
+    }
+
+    fn nd(&mut self, rnic: &mut Rnic, now: Nanos, packet: &[u8]) {
+        let Ok((ip, dgram)) = Ipv6Repr::parse(packet) else {
+            self.stats.ctl_ignored += 1;
+            return;
+        };
+        let Ok(msg) = NdRepr::parse(&ip, &dgram[IPV6_HEADER_LEN..]) else {
+            // Other ICMPv6 (router adverts, MLD…): not ours to handle.
+            self.stats.ctl_ignored += 1;
+            return;
+        };
+        match msg {
+            NdRepr::Solicit { target, source_mac } => {
+                if !rnic.ips().contains(&IpAddr::V6(target)) {
+                    self.stats.ctl_ignored += 1;
+                    return;
+                }
+                // Duplicate address detection comes from ::; the answer then goes to all nodes.
+                let (dst, dst_mac, solicited) = if ip.src.is_unspecified() {
+                    let all: Ipv6Addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1);
+                    (all, nd::multicast_mac(all), false)
+                } else {
+                    if let Some(m) = source_mac {
+                        self.learn(rnic, IpAddr::V6(ip.src), m, now);
+                    }
+                    let Some(m) =
+                        source_mac.or_else(|| self.neighbors.get(IpAddr::V6(ip.src), now))
+                    else {
+                        self.stats.ctl_ignored += 1;
+                        return;
+                    };
+                    (ip.src, m, true)
+                };
+                let adv = NdRepr::Advert {
+                    router: false,
+                    solicited,
+                    override_: true,
+                    target,
+                    target_mac: Some(rnic.mac()),
+                };
+                let mut b = [0u8; CTL_FRAME];
+                let n = adv.emit_frame(rnic.mac(), dst_mac, target, dst, &mut b);
+                self.stats.nd_solicits_answered += 1;
+                self.queue(b, n);
+            }
+            NdRepr::Advert {
+                target, target_mac, ..
+            } => {
+                let ip6 = IpAddr::V6(target);
+                let asked =
+                    self.neighbors.get(ip6, now).is_some() || rnic.ips().contains(&ip.dst.into());
+                match target_mac {
+                    Some(m) if asked => self.learn(rnic, ip6, m, now),
+                    _ => self.stats.ctl_ignored += 1,
+                }
+            }
+        }
+    }
+
+    /// Queues a request for `ip`'s MAC.
+    fn ask(&mut self, rnic: &mut Rnic, ip: IpAddr) -> Result<(), String> {
+        let mut b = [0u8; CTL_FRAME];
+        let n = match ip {
+            IpAddr::V4(t) => {
+                let Some(IpAddr::V4(me)) = rnic.ips().iter().copied().find(IpAddr::is_ipv4) else {
+                    return Err(format!("cannot reach {ip}: this RNIC has no IPv4 address"));
+                };
+                self.stats.arp_requests_sent += 1;
+                ArpRepr {
+                    op: arp::OP_REQUEST,
+                    sender_mac: rnic.mac(),
+                    sender_ip: me,
+                    target_mac: Mac([0; 6]),
+                    target_ip: t,
+                }
+                .emit_frame(Mac::BROADCAST, &mut b)
+            }
+            IpAddr::V6(t) => {
+                let Some(IpAddr::V6(me)) = rnic.ips().iter().copied().find(IpAddr::is_ipv6) else {
+                    return Err(format!("cannot reach {ip}: this RNIC has no IPv6 address"));
+                };
+                self.stats.nd_solicits_sent += 1;
+                let dst = nd::solicited_node(t);
+                NdRepr::Solicit {
+                    target: t,
+                    source_mac: Some(rnic.mac()),
+                }
+                .emit_frame(rnic.mac(), nd::multicast_mac(dst), me, dst, &mut b)
+            }
+        };
+        self.queue(b, n);
+        Ok(())
+    }
+
+    fn transmit(&mut self, rnic: &mut Rnic, now: Nanos, buf: &mut [u8]) -> Option<usize> {
+        let n = if let Some((f, n)) = self.ctl.pop_front() {
+            buf[..n].copy_from_slice(&f[..n]);
+            n
+        } else {
+            rnic.poll_transmit(now, buf)?
+        };
+        self.capture(now, &buf[..n]);
+        Some(n)
+    }
+}

@@ -1,0 +1,446 @@
+//! A [`Port`] on any Linux interface through a packet socket (AF_PACKET, SOCK_RAW), batched with
+//! `recvmmsg` / `sendmmsg`: one system call moves a burst.
+//!
+//! The kernel keeps its own view of the interface, and two of its habits matter to a RoCE
+//! endpoint that shares the interface (and maybe its IP address) with it:
+//!
+//! * It sees the UDP datagrams to port 4791 too, and with nobody listening it would answer each
+//!   with ICMP port unreachable. [`KernelGuard`] binds UDP sockets to port 4791 (with
+//!   `SO_REUSEPORT`, so several RoCEmu processes coexist) whose tiny receive buffers overflow
+//!   silently: the kernel then drops those datagrams without a word.
+//! * It answers ARP and neighbour solicitations for addresses it owns; RoCEmu answers for its own
+//!   addresses as well (the engine), with the same MAC when RoCEmu uses the interface's MAC.
+//!
+//! Our own transmissions are not looped back to us (`PACKET_IGNORE_OUTGOING`), and transmission
+//! bypasses the qdisc layer (`PACKET_QDISC_BYPASS`), as a NIC driver's queue would.
+#![allow(unsafe_code)]
+
+use super::{Port, PortError, PortStats};
+use rocemu_wire::eth::Mac;
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+// From <linux/if_packet.h>; not all are in the libc crate.
+const PACKET_QDISC_BYPASS: libc::c_int = 20;
+const PACKET_IGNORE_OUTGOING: libc::c_int = 23;
+
+/// Options for [`AfPacketPort::open`].
+#[derive(Debug, Clone, Default)]
+pub struct AfPacketOptions {
+    /// Receive frames for every MAC (needed when RoCEmu uses a MAC other than the interface's).
+    pub promiscuous: bool,
+}
+
+/// A packet socket bound to one interface.
+#[derive(Debug)]
+pub struct AfPacketPort {
+    fd: OwnedFd,
+    ifname: String,
+    mac: Mac,
+    mtu: usize,
+    cap: usize,
+    /// Receive buffers, one per frame of a burst.
+    rx_bufs: Vec<Vec<u8>>,
+    /// Transmit buffers; `tx_len[i]` bytes of `tx_bufs[i]` are a frame.
+    tx_bufs: Vec<Vec<u8>>,
+    tx_len: Vec<usize>,
+    /// Frames `tx_bufs[tx_head..tx_count]` are built but not yet accepted by the kernel.
+    tx_head: usize,
+    tx_count: usize,
+    stats: PortStats,
+}
+
+fn os_err(what: &str, ifname: &str) -> PortError {
+    let e = io::Error::last_os_error();
+    let hint = match e.raw_os_error() {
+        Some(libc::EPERM) | Some(libc::EACCES) => " (packet sockets need root or CAP_NET_RAW)",
+        Some(libc::ENODEV) => " (no such interface)",
+        _ => "",
+    };
+    PortError(format!("af_packet:{ifname}: {what}: {e}{hint}"))
+}
+
+fn setsockopt_int(fd: &OwnedFd, level: libc::c_int, opt: libc::c_int, v: libc::c_int) -> bool {
+    // SAFETY: `fd` is an open socket; the option value is a c_int that lives across the call and
+    // whose size is passed.
+    unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            level,
+            opt,
+            (&v as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        ) == 0
+    }
+}
+
+/// An `ifreq` naming `ifname`, for the SIOCGIF* ioctls.
+fn ifreq_for(ifname: &str) -> Result<libc::ifreq, PortError> {
+    let bytes = ifname.as_bytes();
+    if bytes.is_empty() || bytes.len() >= libc::IFNAMSIZ || bytes.contains(&0) {
+        return Err(PortError(format!(
+            "af_packet:{ifname}: not a valid interface name"
+        )));
+    }
+    // SAFETY: ifreq is plain old data; all zeroes is a valid value.
+    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (d, s) in ifr.ifr_name.iter_mut().zip(bytes) {
+        *d = *s as libc::c_char;
+    }
+    Ok(ifr)
+}
+
+impl AfPacketPort {
+    /// Opens a packet socket on `ifname` (which must exist and be up).
+    pub fn open(ifname: &str, opts: &AfPacketOptions) -> Result<AfPacketPort, PortError> {
+        let cname = CString::new(ifname)
+            .map_err(|_| PortError(format!("af_packet:{ifname}: not a valid interface name")))?;
+        // SAFETY: `cname` is a NUL-terminated string that outlives the call.
+        let ifindex = unsafe { libc::if_nametoindex(cname.as_ptr()) };
+        if ifindex == 0 {
+            return Err(os_err("if_nametoindex", ifname));
+        }
+        let proto = (libc::ETH_P_ALL as u16).to_be();
+        // SAFETY: plain system call; the result is checked before use.
+        let raw = unsafe {
+            libc::socket(
+                libc::AF_PACKET,
+                libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                proto as libc::c_int,
+            )
+        };
+        if raw < 0 {
+            return Err(os_err("socket(AF_PACKET)", ifname));
+        }
+        // SAFETY: `raw` is a fresh descriptor that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+
+        // Before bind, so that no frame of ours is ever queued back to us (kernel 4.20+; on an
+        // older kernel the engine still ignores frames from its own MAC).
+        setsockopt_int(&fd, libc::SOL_PACKET, PACKET_IGNORE_OUTGOING, 1);
+        setsockopt_int(&fd, libc::SOL_PACKET, PACKET_QDISC_BYPASS, 1);
+        // Room for bursts: 4 MiB each way (FORCE works as root beyond rmem_max).
+        for (force, plain) in [
+            (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF),
+            (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF),
+        ] {
+            if !setsockopt_int(&fd, libc::SOL_SOCKET, force, 4 << 20) {
+                setsockopt_int(&fd, libc::SOL_SOCKET, plain, 4 << 20);
+            }
+        }
+
+        // SAFETY: sockaddr_ll is plain old data; all zeroes is a valid value.
+        let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        sll.sll_family = libc::AF_PACKET as u16;
+        sll.sll_protocol = proto;
+        sll.sll_ifindex = ifindex as i32;
+        // SAFETY: `sll` is a valid sockaddr_ll and its size is passed.
+        let r = unsafe {
+            libc::bind(
+                fd.as_raw_fd(),
+                (&sll as *const libc::sockaddr_ll).cast(),
+                std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+            )
+        };
+        if r != 0 {
+            return Err(os_err("bind", ifname));
+        }
+
+        // Multicast (IPv6 neighbour discovery), or everything.
+        // SAFETY: packet_mreq is plain old data; all zeroes is a valid value.
+        let mut mreq: libc::packet_mreq = unsafe { std::mem::zeroed() };
+        mreq.mr_ifindex = ifindex as i32;
+        mreq.mr_type = if opts.promiscuous {
+            libc::PACKET_MR_PROMISC
+        } else {
+            libc::PACKET_MR_ALLMULTI
+        } as u16;
+        // SAFETY: `mreq` is a valid packet_mreq and its size is passed.
+        let r = unsafe {
+            libc::setsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_PACKET,
+                libc::PACKET_ADD_MEMBERSHIP,
+                (&mreq as *const libc::packet_mreq).cast(),
+                std::mem::size_of::<libc::packet_mreq>() as libc::socklen_t,
+            )
+        };
+        if r != 0 {
+            return Err(os_err("PACKET_ADD_MEMBERSHIP", ifname));
+        }
+
+        let mut ifr = ifreq_for(ifname)?;
+        // SAFETY: SIOCGIFHWADDR fills `ifr.ifr_ifru.ifru_hwaddr`; `ifr` is a valid ifreq.
+        if unsafe { libc::ioctl(fd.as_raw_fd(), libc::SIOCGIFHWADDR, &mut ifr) } != 0 {
+            return Err(os_err("SIOCGIFHWADDR", ifname));
+        }
+        // SAFETY: the ioctl succeeded, so the hwaddr member is the one written.
+        let hw = unsafe { ifr.ifr_ifru.ifru_hwaddr };
+        let mut mac = [0u8; 6];
+        for (d, s) in mac.iter_mut().zip(hw.sa_data.iter()) {
+            *d = *s as u8;
+        }
+        let mut ifr = ifreq_for(ifname)?;
+        // SAFETY: SIOCGIFMTU fills `ifr.ifr_ifru.ifru_mtu`; `ifr` is a valid ifreq.
+        if unsafe { libc::ioctl(fd.as_raw_fd(), libc::SIOCGIFMTU, &mut ifr) } != 0 {
+            return Err(os_err("SIOCGIFMTU", ifname));
+        }
+        // SAFETY: the ioctl succeeded, so the mtu member is the one written.
+        let mtu = unsafe { ifr.ifr_ifru.ifru_mtu }.max(68) as usize;
+        // Ethernet header, an 802.1Q tag and slack for offloads that hand up a little more.
+        let cap = mtu + 18;
+        let rx_cap = mtu + 64;
+        Ok(AfPacketPort {
+            fd,
+            ifname: ifname.to_string(),
+            mac: Mac(mac),
+            mtu,
+            cap,
+            rx_bufs: (0..super::BURST).map(|_| vec![0u8; rx_cap]).collect(),
+            tx_bufs: (0..super::BURST).map(|_| vec![0u8; cap]).collect(),
+            tx_len: vec![0; super::BURST],
+            tx_head: 0,
+            tx_count: 0,
+            stats: PortStats::default(),
+        })
+    }
+
+    /// Hands frames `tx_head..tx_count` to the kernel; true when all were taken.
+    fn send_pending(&mut self) -> bool {
+        let mut tries = 0;
+        while self.tx_head < self.tx_count {
+            let n = self.tx_count - self.tx_head;
+            let mut iov: [libc::iovec; super::BURST] =
+                // SAFETY: iovec is plain old data; all zeroes is a valid value.
+                unsafe { std::mem::zeroed() };
+            // SAFETY: as above, for mmsghdr.
+            let mut msgs: [libc::mmsghdr; super::BURST] = unsafe { std::mem::zeroed() };
+            for i in 0..n {
+                let b = &mut self.tx_bufs[self.tx_head + i];
+                iov[i].iov_base = b.as_mut_ptr().cast();
+                iov[i].iov_len = self.tx_len[self.tx_head + i];
+                msgs[i].msg_hdr.msg_iov = &mut iov[i];
+                msgs[i].msg_hdr.msg_iovlen = 1;
+            }
+            // SAFETY: `msgs[..n]` point at `iov[..n]`, which point at live buffers of the stated
+            // lengths; all outlive the call. The socket is bound, so no address is needed.
+            let r = unsafe {
+                libc::sendmmsg(
+                    self.fd.as_raw_fd(),
+                    msgs.as_mut_ptr(),
+                    n as libc::c_uint,
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            if r > 0 {
+                for i in 0..r as usize {
+                    self.stats.tx_frames += 1;
+                    self.stats.tx_bytes += self.tx_len[self.tx_head + i] as u64;
+                }
+                self.tx_head += r as usize;
+                tries = 0;
+                continue;
+            }
+            let e = io::Error::last_os_error().raw_os_error();
+            match e {
+                Some(libc::EINTR) => continue,
+                Some(libc::EAGAIN) | Some(libc::ENOBUFS) if tries < 3 => {
+                    tries += 1;
+                    continue;
+                }
+                Some(libc::EAGAIN) | Some(libc::ENOBUFS) => return false,
+                _ => {
+                    // The frame at the head is refused for good (too long for the interface,
+                    // the interface went down): drop it, so that one bad frame cannot wedge
+                    // the port.
+                    self.stats.tx_dropped += 1;
+                    self.tx_head += 1;
+                }
+            }
+        }
+        self.tx_head = 0;
+        self.tx_count = 0;
+        true
+    }
+}
+
+impl Port for AfPacketPort {
+    fn rx_burst(&mut self, max: usize, f: &mut dyn FnMut(&mut [u8])) -> usize {
+        let max = max.min(super::BURST);
+        // SAFETY: iovec is plain old data; all zeroes is a valid value.
+        let mut iov: [libc::iovec; super::BURST] = unsafe { std::mem::zeroed() };
+        // SAFETY: as above, for mmsghdr.
+        let mut msgs: [libc::mmsghdr; super::BURST] = unsafe { std::mem::zeroed() };
+        for i in 0..max {
+            iov[i].iov_base = self.rx_bufs[i].as_mut_ptr().cast();
+            iov[i].iov_len = self.rx_bufs[i].len();
+            msgs[i].msg_hdr.msg_iov = &mut iov[i];
+            msgs[i].msg_hdr.msg_iovlen = 1;
+        }
+        // SAFETY: `msgs[..max]` point at `iov[..max]`, which point at our own receive buffers
+        // of the stated lengths; all outlive the call. MSG_DONTWAIT: never blocks.
+        let r = unsafe {
+            libc::recvmmsg(
+                self.fd.as_raw_fd(),
+                msgs.as_mut_ptr(),
+                max as libc::c_uint,
+                libc::MSG_DONTWAIT,
+                std::ptr::null_mut(),
+            )
+        };
+        if r <= 0 {
+            return 0;
+        }
+        let r = r as usize;
+        for (i, m) in msgs.iter().enumerate().take(r) {
+            let len = m.msg_len as usize;
+            if m.msg_hdr.msg_flags & libc::MSG_TRUNC != 0 || len > self.rx_bufs[i].len() {
+                self.stats.rx_dropped += 1;
+                continue;
+            }
+            self.stats.rx_frames += 1;
+            self.stats.rx_bytes += len as u64;
+            f(&mut self.rx_bufs[i][..len]);
+        }
+        r
+    }
+
+    fn tx_burst(&mut self, max: usize, fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>) -> usize {
+        // Frames the kernel refused last time go first; nothing new is built until they are
+        // gone, so a busy interface pushes back on the RNIC instead of losing frames.
+        if !self.send_pending() {
+            return 0;
+        }
+        let max = max.min(super::BURST);
+        let mut n = 0;
+        while n < max {
+            let Some(len) = fill(&mut self.tx_bufs[n][..self.cap]) else {
+                break;
+            };
+            self.tx_len[n] = len.min(self.cap);
+            n += 1;
+        }
+        self.tx_head = 0;
+        self.tx_count = n;
+        let before = self.stats.tx_frames;
+        self.send_pending();
+        (self.stats.tx_frames - before) as usize
+    }
+
+    fn flush(&mut self) -> bool {
+        self.send_pending()
+    }
+
+    fn mac(&self) -> Mac {
+        self.mac
+    }
+
+    fn frame_capacity(&self) -> usize {
+        self.cap
+    }
+
+    fn mtu(&self) -> usize {
+        self.mtu
+    }
+
+    fn stats(&self) -> PortStats {
+        self.stats
+    }
+
+    fn name(&self) -> String {
+        format!("af_packet:{}", self.ifname)
+    }
+}
+
+/// Keeps the kernel from answering RoCEv2 datagrams to its own addresses with ICMP port
+/// unreachable, for as long as it lives (see the module docs).
+#[derive(Debug)]
+pub struct KernelGuard {
+    _sockets: Vec<std::net::UdpSocket>,
+}
+
+impl KernelGuard {
+    /// Binds UDP port 4791 on every address, IPv4 and IPv6, where it can. A port already bound
+    /// by someone else (a kernel RDMA driver, another program) needs no guard.
+    pub fn new() -> KernelGuard {
+        let mut v = Vec::new();
+        for (domain, addr) in [
+            (libc::AF_INET, "0.0.0.0:4791"),
+            (libc::AF_INET6, "[::]:4791"),
+        ] {
+            if let Some(s) = Self::bind(domain, addr.parse().expect("literal address")) {
+                v.push(s);
+            }
+        }
+        KernelGuard { _sockets: v }
+    }
+
+    fn bind(domain: libc::c_int, addr: std::net::SocketAddr) -> Option<std::net::UdpSocket> {
+        // SAFETY: plain system call; the result is checked before use.
+        let raw = unsafe { libc::socket(domain, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+        if raw < 0 {
+            return None;
+        }
+        // SAFETY: `raw` is a fresh descriptor that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        setsockopt_int(&fd, libc::SOL_SOCKET, libc::SO_REUSEPORT, 1);
+        setsockopt_int(&fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1);
+        // The smallest buffer the kernel allows: it fills at once and the rest is dropped.
+        setsockopt_int(&fd, libc::SOL_SOCKET, libc::SO_RCVBUF, 1);
+        if domain == libc::AF_INET6 {
+            setsockopt_int(&fd, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 1);
+        }
+        let s = std::net::UdpSocket::from(fd);
+        // std's bind would need a fresh socket; use the raw one through a sockaddr.
+        let (sa, len) = sockaddr_of(addr);
+        // SAFETY: `sa` holds a valid sockaddr of `len` bytes for the socket's family.
+        let r = unsafe {
+            libc::bind(
+                s.as_raw_fd(),
+                (&sa as *const libc::sockaddr_storage).cast(),
+                len,
+            )
+        };
+        (r == 0).then_some(s)
+    }
+}
+
+impl Default for KernelGuard {
+    fn default() -> Self {
+        KernelGuard::new()
+    }
+}
+
+fn sockaddr_of(a: std::net::SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: sockaddr_storage is plain old data; all zeroes is a valid value.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    match a {
+        std::net::SocketAddr::V4(v4) => {
+            // SAFETY: sockaddr_storage is large enough and suitably aligned for sockaddr_in.
+            let sin = unsafe {
+                &mut *(&mut ss as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in>()
+            };
+            sin.sin_family = libc::AF_INET as u16;
+            sin.sin_port = v4.port().to_be();
+            sin.sin_addr.s_addr = u32::from(*v4.ip()).to_be();
+            (
+                ss,
+                std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+            )
+        }
+        std::net::SocketAddr::V6(v6) => {
+            // SAFETY: sockaddr_storage is large enough and suitably aligned for sockaddr_in6.
+            let sin6 = unsafe {
+                &mut *(&mut ss as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in6>()
+            };
+            sin6.sin6_family = libc::AF_INET6 as u16;
+            sin6.sin6_port = v6.port().to_be();
+            sin6.sin6_addr.s6_addr = v6.ip().octets();
+            (
+                ss,
+                std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t,
+            )
+        }
+    }
+}
