@@ -2,9 +2,11 @@
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
+mod datapath;
 mod decode;
 mod demo;
 mod perf;
+mod pingpong;
 
 #[derive(Parser, Debug)]
 #[command(name = "rocemu", version, about = "RoCEmu: a software RoCEv2 NIC")]
@@ -22,6 +24,8 @@ enum Cmd {
     Demo(demo::Args),
     /// perftest's benchmarks (write, read, send, atomic) on RoCEmu.
     Perf(perf::Args),
+    /// ibv_rc_pingpong on RoCEmu: same flags and TCP exchange, on --dev (af_packet or dpdk).
+    Pingpong(pingpong::Args),
 }
 
 fn main() -> ExitCode {
@@ -30,6 +34,7 @@ fn main() -> ExitCode {
         Cmd::Decode(a) => decode::run(&a),
         Cmd::Demo(a) => demo::run(&a),
         Cmd::Perf(a) => perf::run(&a),
+        Cmd::Pingpong(a) => pingpong::run(&a),
     };
     match r {
         Ok(code) => code,

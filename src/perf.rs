@@ -80,6 +80,9 @@ pub struct Args {
     /// This end's MAC (with --dev).
     #[arg(long)]
     mac: Option<String>,
+    /// Record every frame sent and received (with --dev).
+    #[arg(long)]
+    pcap: Option<std::path::PathBuf>,
     /// TCP port of perftest's exchange (with --dev).
     #[arg(short = 'p', long, default_value_t = 18515)]
     port: u16,
@@ -93,10 +96,12 @@ fn check_prob(name: &str, p: f64) -> Result<(), String> {
 }
 
 pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
-    if a.dev.is_some() || a.server.is_some() || a.ip.is_some() || a.mac.is_some() {
-        return Err("perf on a real datapath (--dev, --ip, --mac, SERVER) is not available in this build yet: \
-                    run it without them for the in-process datapath"
-            .into());
+    if a.dev.is_none() && (a.server.is_some() || a.ip.is_some() || a.mac.is_some()) {
+        return Err(
+            "SERVER, --ip and --mac go with --dev (af_packet:IFACE or dpdk:'EAL ARGS'); \
+                    without --dev both ends run in-process"
+                .into(),
+        );
     }
     let mtu = Mtu::from_bytes(a.mtu)
         .ok_or_else(|| format!("-m {}: the path MTU is 256, 512, 1024, 2048 or 4096", a.mtu))?;
@@ -139,6 +144,9 @@ pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
         return Err("-s: at most 2^31 bytes".into());
     }
     let iters = a.iters.unwrap_or(if a.lat { 1000 } else { 5000 });
+    if let Some(dev) = &a.dev {
+        return run_remote(a, dev, test, size, mtu);
+    }
     let imp = Impairments {
         loss: a.loss,
         reorder: a.reorder,
@@ -247,6 +255,119 @@ pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
             r.naks,
             r.timeouts
         );
+        if a.json {
+            println!("{}", r.to_json());
+        }
+    }
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// One end on a real datapath, facing a peer (RoCEmu or perftest) through perftest's exchange.
+fn run_remote(
+    a: &Args,
+    dev: &str,
+    test: Test,
+    size: usize,
+    mtu: Mtu,
+) -> Result<ExitCode, Box<dyn std::error::Error>> {
+    let Some(ip) = &a.ip else {
+        return Err("--dev needs --ip: this end's address".into());
+    };
+    if a.lat || a.all || a.duration.is_some() {
+        return Err(
+            "--lat, -a and -D are not available with --dev yet: bandwidth tests with -n only"
+                .into(),
+        );
+    }
+    if a.loss + a.reorder + a.duplicate + a.corrupt > 0.0 {
+        return Err(
+            "--loss/--reorder/--duplicate/--corrupt impair the in-process wire only".into(),
+        );
+    }
+    if a.verify && a.server.is_none() {
+        return Err("--verify goes on the client (it checks its results through the wire)".into());
+    }
+    // perftest's defaults: 5000 iterations for ib_write_bw, 1000 for the others.
+    let iters = a
+        .iters
+        .unwrap_or(if test == Test::Write { 5000 } else { 1000 });
+    let mut d = crate::datapath::open(dev, ip, a.mac.as_deref(), a.pcap.as_deref())?;
+    let o = rocemu_testbed::remote::PerfOpts {
+        test,
+        server: a.server.clone(),
+        port: a.port,
+        size,
+        iters,
+        qps: a.qps,
+        mtu,
+        tx_depth: a.tx_depth.min(iters as usize).max(1),
+        verify: a.verify,
+        qp_timeout: a.qp_timeout,
+    };
+    let op = match test {
+        Test::Write => "RDMA_Write",
+        Test::Read => "RDMA_Read",
+        Test::Send => "Send",
+        Test::Atomic { cmp_swap: false } => "Atomic FETCH_AND_ADD",
+        Test::Atomic { cmp_swap: true } => "Atomic CMP_AND_SWAP",
+    };
+    let rule =
+        "---------------------------------------------------------------------------------------";
+    let port = d.ep.engine.port().name();
+    if a.server.is_none() {
+        println!("\n************************************\n* Waiting for client to connect... *\n************************************");
+    }
+    let out = rocemu_testbed::remote::perf(&mut d.ep, &o);
+    d.ep.engine.finish_recording()?;
+    let out = out?;
+    println!("{rule}");
+    println!("                    {op} BW Test");
+    println!(" Device         : rocemu on {port}");
+    println!(" Number of qps  : {}\t\tTransport type : IB", a.qps);
+    println!(" Connection type : RC\t\tUsing SRQ      : OFF");
+    println!(" TX depth       : {}", o.tx_depth);
+    println!(" Mtu            : {}[B]", out.mtu);
+    println!(" Link type      : Ethernet (RoCEv2)");
+    println!(" Peer version   : {}", out.peer_version);
+    println!("{rule}");
+    for l in &out.lines {
+        println!("{l}");
+    }
+    let mut ok = true;
+    if let Some(r) = &out.report {
+        println!("{}", perf::bw_header(a.report_gbits));
+        println!("{}", perf::bw_line(r, a.report_gbits));
+        println!("{rule}");
+        if r.errors > 0 {
+            println!(
+                " {} error completions; the first: {}",
+                r.errors,
+                r.first_error.as_deref().unwrap_or("?")
+            );
+            ok = false;
+        }
+        match r.verified {
+            Some(true) => println!(" verify: every byte checked through the wire: ok"),
+            Some(false) => {
+                println!(" verify: FAILED: {}", r.verify_detail);
+                ok = false;
+            }
+            None => {}
+        }
+        if a.server.is_some() {
+            println!(
+                " limit (copy + 2 CRC passes + copy, one thread): {:.2} Gb/s; ratio to limit {:.3}; retransmits {} naks {} timeouts {}",
+                r.limit_gbps,
+                r.ratio_to_limit(),
+                r.retransmits,
+                r.naks,
+                r.timeouts
+            );
+        }
         if a.json {
             println!("{}", r.to_json());
         }

@@ -7,3 +7,4 @@ pub mod demo;
 pub mod netns;
 pub mod oob;
 pub mod perf;
+pub mod remote;

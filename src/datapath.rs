@@ -1,0 +1,76 @@
+//! `--dev`, `--ip`, `--mac`: where an end of `rocemu pingpong` / `rocemu perf` meets the wire.
+use rocemu_emulator::engine::Engine;
+use rocemu_emulator::port::af_packet::{AfPacketOptions, AfPacketPort, KernelGuard};
+use rocemu_emulator::port::Port;
+use rocemu_emulator::rnic::{Rnic, RnicConfig};
+use rocemu_testbed::remote::Endpoint;
+use rocemu_wire::eth::Mac;
+use std::net::IpAddr;
+use std::path::Path;
+
+/// An endpoint and what must live as long as it.
+pub struct Opened {
+    pub ep: Endpoint,
+    _guard: Option<KernelGuard>,
+}
+
+/// Opens the datapath `dev` (`af_packet:IFACE` or `dpdk:'EAL ARGS'`) as address `ip`.
+pub fn open(dev: &str, ip: &str, mac: Option<&str>, pcap: Option<&Path>) -> Result<Opened, String> {
+    let ip: IpAddr = ip
+        .parse()
+        .map_err(|_| format!("--ip {ip}: not an IPv4 or IPv6 address"))?;
+    let mac: Option<Mac> = match mac {
+        Some(m) => Some(m.parse().map_err(|e| format!("--mac {m}: {e}"))?),
+        None => None,
+    };
+    let (port, guard): (Box<dyn Port + Send>, Option<KernelGuard>) =
+        if let Some(ifname) = dev.strip_prefix("af_packet:") {
+            let opts = AfPacketOptions {
+                promiscuous: mac.is_some(),
+            };
+            let p = AfPacketPort::open(ifname, &opts).map_err(|e| e.to_string())?;
+            (Box::new(p), Some(KernelGuard::new()))
+        } else if let Some(args) = dev.strip_prefix("dpdk:") {
+            (open_dpdk(args)?, None)
+        } else {
+            return Err(format!(
+                "--dev {dev}: give af_packet:IFACE or dpdk:'EAL ARGS'"
+            ));
+        };
+    let mac = mac.unwrap_or(port.mac());
+    if mac == Mac([0; 6]) || mac.is_multicast() {
+        return Err(format!(
+            "{} has MAC {mac}, which cannot be a unicast source: give --mac",
+            port.name()
+        ));
+    }
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos() as u64
+        ^ (std::process::id() as u64) << 40;
+    let mut cfg = RnicConfig::new(mac, ip, seed);
+    cfg.eth_mtu = port.mtu();
+    let rnic = Rnic::new(cfg);
+    let mut engine = Engine::new(port);
+    if let Some(p) = pcap {
+        engine.record(p)?;
+    }
+    Ok(Opened {
+        ep: Endpoint { rnic, engine },
+        _guard: guard,
+    })
+}
+
+#[cfg(feature = "dpdk")]
+fn open_dpdk(args: &str) -> Result<Box<dyn Port + Send>, String> {
+    let p = rocemu_dpdk::DpdkPort::open(args).map_err(|e| e.to_string())?;
+    Ok(Box::new(p))
+}
+
+#[cfg(not(feature = "dpdk"))]
+fn open_dpdk(_args: &str) -> Result<Box<dyn Port + Send>, String> {
+    Err("this rocemu was built without DPDK: build it with `cargo build --release --features dpdk` \
+         (needs libdpdk-dev, pkg-config and libclang)"
+        .into())
+}

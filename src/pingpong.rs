@@ -1,0 +1,87 @@
+//! `rocemu pingpong` (contract: shared/contracts.md): `ibv_rc_pingpong`, on RoCEmu.
+use crate::datapath;
+use rocemu_emulator::rnic::Mtu;
+use rocemu_testbed::remote::{self, PingpongOpts};
+use std::process::ExitCode;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// The server's address; without it this end is the server.
+    server: Option<String>,
+    /// TCP port of the exchange.
+    #[arg(short = 'p', long, default_value_t = 18515)]
+    port: u16,
+    /// Accepted for compatibility (the device is --dev).
+    #[arg(short = 'd', long = "ib-dev")]
+    ib_dev: Option<String>,
+    /// Accepted for compatibility (RoCEmu has one port).
+    #[arg(short = 'i', long = "ib-port", default_value_t = 1)]
+    ib_port: u32,
+    /// Message size.
+    #[arg(short = 's', long, default_value_t = 4096)]
+    size: usize,
+    /// Path MTU.
+    #[arg(short = 'm', long, default_value_t = 1024)]
+    mtu: usize,
+    /// Receives posted at once.
+    #[arg(short = 'r', long = "rx-depth", default_value_t = 500)]
+    rx_depth: usize,
+    /// Iterations.
+    #[arg(short = 'n', long, default_value_t = 1000)]
+    iters: u64,
+    /// Service level (accepted; RoCEv2 carries no SL).
+    #[arg(short = 'l', long, default_value_t = 0)]
+    sl: u8,
+    /// Completion events instead of polling (accepted: RoCEmu polls).
+    #[arg(short = 'e', long)]
+    events: bool,
+    /// GID index (accepted: RoCEmu's GID is --ip).
+    #[arg(short = 'g', long = "gid-idx")]
+    gid_idx: Option<i32>,
+    /// Validate the received buffer (the client sends 0 at each page start).
+    #[arg(short = 'c', long)]
+    chk: bool,
+    /// Datapath: af_packet:IFACE or dpdk:'EAL ARGS'.
+    #[arg(long)]
+    dev: String,
+    /// This end's address (its GID).
+    #[arg(long)]
+    ip: String,
+    /// This end's MAC (default: the port's).
+    #[arg(long)]
+    mac: Option<String>,
+    /// Record every frame sent and received.
+    #[arg(long)]
+    pcap: Option<std::path::PathBuf>,
+}
+
+pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
+    let mtu = Mtu::from_bytes(a.mtu)
+        .ok_or_else(|| format!("-m {}: the path MTU is 256, 512, 1024, 2048 or 4096", a.mtu))?;
+    if a.size == 0 || a.size > 1 << 30 {
+        return Err(format!("-s {}: between 1 byte and 1 GiB", a.size).into());
+    }
+    if a.rx_depth < 2 || a.rx_depth > 16384 {
+        return Err(format!("-r {}: between 2 and 16384", a.rx_depth).into());
+    }
+    if a.iters == 0 {
+        return Err("-n 0: at least one iteration".into());
+    }
+    let mut d = datapath::open(&a.dev, &a.ip, a.mac.as_deref(), a.pcap.as_deref())?;
+    let o = PingpongOpts {
+        server: a.server.clone(),
+        port: a.port,
+        size: a.size,
+        iters: a.iters,
+        mtu,
+        rx_depth: a.rx_depth,
+        check: a.chk,
+    };
+    let r = remote::pingpong(&mut d.ep, &o);
+    d.ep.engine.finish_recording()?;
+    let r = r?;
+    for l in r.lines() {
+        println!("{l}");
+    }
+    Ok(ExitCode::SUCCESS)
+}

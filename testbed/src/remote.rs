@@ -1,0 +1,1014 @@
+//! One end of a benchmark or a pingpong on a real datapath: an [`Endpoint`] (an RNIC and the
+//! engine that binds it to a port) facing a peer process, with the out-of-band exchange of
+//! `ibv_rc_pingpong` or perftest over TCP ([`crate::oob`]).
+//!
+//! The engine must keep turning while the out-of-band exchange waits on TCP: the peer resolves
+//! our MAC while it moves its QPs to RTR, and a passive server's RNIC answers the client's
+//! traffic while its TCP side waits for the end of the run. So the exchange runs on a thread of
+//! its own and hands the work that touches the RNIC to the engine's thread as jobs
+//! ([`Ctl::run`]); the engine's thread turns the engine between jobs ([`serve`]). A DPDK port
+//! is thus only ever polled from the thread that opened it.
+use crate::oob::{
+    self, BwReport, OobConfig, PerftestConn, PerftestDest, PerftestTest, PingpongDest, SysData,
+};
+use crate::perf::{measure_limit, Report};
+use rocemu_emulator::engine::Engine;
+use rocemu_emulator::rnic::mr::MrInfo;
+use rocemu_emulator::rnic::*;
+use rocemu_emulator::sim::{bring_up, pattern, ConnectOpts};
+use rocemu_wire::{Psn, Qpn};
+use std::net::{IpAddr, Ipv6Addr, TcpListener};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// An RNIC bound to a port.
+#[derive(Debug)]
+pub struct Endpoint {
+    pub rnic: Rnic,
+    pub engine: Engine,
+}
+
+type Job = Box<dyn FnOnce(&mut Endpoint) + Send>;
+
+/// The out-of-band thread's handle on the engine's thread.
+#[derive(Debug, Clone)]
+pub struct Ctl {
+    tx: mpsc::Sender<Job>,
+}
+
+impl Ctl {
+    /// Runs `f` on the engine's thread and returns its result.
+    pub fn run<R: Send + 'static>(&self, f: impl FnOnce(&mut Endpoint) -> R + Send + 'static) -> R {
+        let (rtx, rrx) = mpsc::channel();
+        let job: Job = Box::new(move |ep| {
+            let _ = rtx.send(f(ep));
+        });
+        self.tx
+            .send(job)
+            .expect("the engine thread outlives the control thread");
+        rrx.recv().expect("the engine thread runs every job")
+    }
+}
+
+/// Runs `control` on a thread of its own while this thread turns the engine and runs the jobs
+/// `control` hands it; returns what `control` returned.
+pub fn serve<T: Send>(ep: &mut Endpoint, control: impl FnOnce(Ctl) -> T + Send) -> T {
+    let (tx, rx) = mpsc::channel::<Job>();
+    std::thread::scope(|s| {
+        let h = s.spawn(move || control(Ctl { tx }));
+        loop {
+            match rx.try_recv() {
+                Ok(job) => job(ep),
+                Err(mpsc::TryRecvError::Empty) => {}
+                Err(mpsc::TryRecvError::Disconnected) => break,
+            }
+            let w = ep.engine.poll(&mut ep.rnic);
+            ep.engine.idle(w);
+        }
+        // Let the last ACKs and answers leave before the port closes.
+        let until = Instant::now() + Duration::from_millis(100);
+        while Instant::now() < until {
+            let w = ep.engine.poll(&mut ep.rnic);
+            ep.engine.idle(w);
+        }
+        ep.engine.flush();
+        h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))
+    })
+}
+
+/// The GID of an address as it goes on the wire (IPv4-mapped for IPv4).
+pub fn gid_bytes(ip: IpAddr) -> [u8; 16] {
+    match ip {
+        IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
+        IpAddr::V6(a) => a.octets(),
+    }
+}
+
+/// The address in a GID, or an error a user can act on.
+pub fn gid_ip(gid: &[u8; 16], who: &str) -> Result<IpAddr, String> {
+    if gid.iter().all(|&b| b == 0) {
+        return Err(format!(
+            "{who} sent an all-zero GID: on RoCE both ends need a GID index (-g for the pingpong tools, -x for perftest)"
+        ));
+    }
+    let a = Ipv6Addr::from(*gid);
+    Ok(match a.to_ipv4_mapped() {
+        Some(v4) => IpAddr::V4(v4),
+        None => IpAddr::V6(a),
+    })
+}
+
+fn random_psn() -> Psn {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos() as u64;
+    let mut r = rocemu_emulator::rng::Rng::new(t ^ (std::process::id() as u64) << 32);
+    Psn::new(r.next_u32() & 0x00ff_ffff)
+}
+
+fn verr(e: VerbsError) -> String {
+    e.to_string()
+}
+
+const RESOLVE: Duration = Duration::from_secs(5);
+
+// ---- pingpong --------------------------------------------------------------------------------
+
+/// `ibv_rc_pingpong`'s options.
+#[derive(Debug, Clone)]
+pub struct PingpongOpts {
+    pub server: Option<String>,
+    pub port: u16,
+    pub size: usize,
+    pub iters: u64,
+    pub mtu: Mtu,
+    pub rx_depth: usize,
+    /// `-c`: the server checks that the client's bytes at each page start are 0.
+    pub check: bool,
+}
+
+/// What a pingpong did.
+#[derive(Debug, Clone)]
+pub struct PingpongResult {
+    pub local: PingpongDest,
+    pub remote: PingpongDest,
+    pub bytes: u64,
+    pub iters: u64,
+    pub seconds: f64,
+}
+
+impl PingpongResult {
+    /// The lines `ibv_rc_pingpong` prints.
+    pub fn lines(&self) -> Vec<String> {
+        let show = |d: &PingpongDest| {
+            format!(
+                "LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",
+                d.lid,
+                d.qpn,
+                d.psn,
+                Ipv6Addr::from(d.gid)
+            )
+        };
+        let usec = self.seconds * 1e6;
+        vec![
+            format!("  local address:  {}", show(&self.local)),
+            format!("  remote address: {}", show(&self.remote)),
+            format!(
+                "{} bytes in {:.2} seconds = {:.2} Mbit/sec",
+                self.bytes,
+                self.seconds,
+                self.bytes as f64 * 8.0 / usec
+            ),
+            format!(
+                "{} iters in {:.2} seconds = {:.2} usec/iter",
+                self.iters,
+                self.seconds,
+                usec / self.iters as f64
+            ),
+        ]
+    }
+}
+
+struct PpCtx {
+    pd_cq: CqId,
+    qpn: Qpn,
+    mr: MrInfo,
+    psn: Psn,
+}
+
+const RECV_WRID: u64 = 1;
+const SEND_WRID: u64 = 2;
+
+fn pp_post_recv(r: &mut Rnic, c: &PpCtx, size: usize, n: usize) -> Result<(), String> {
+    for _ in 0..n {
+        r.post_recv(
+            c.qpn,
+            RecvWr {
+                wr_id: RECV_WRID,
+                sg_list: vec![Sge {
+                    addr: c.mr.addr,
+                    length: size as u32,
+                    lkey: c.mr.lkey,
+                }],
+            },
+        )
+        .map_err(verr)?;
+    }
+    Ok(())
+}
+
+fn pp_connect(ep: &mut Endpoint, c: &PpCtx, rem: &PingpongDest, mtu: Mtu) -> Result<(), String> {
+    let peer = gid_ip(&rem.gid, "the peer")?;
+    ep.engine.resolve(&mut ep.rnic, peer, RESOLVE)?;
+    let o = ConnectOpts {
+        mtu,
+        max_rd_atomic: 1,
+        ..Default::default()
+    };
+    bring_up(
+        &mut ep.rnic,
+        c.qpn,
+        Qpn::new(rem.qpn),
+        peer,
+        c.psn,
+        Psn::new(rem.psn),
+        &o,
+    )
+    .map_err(|e| format!("modify QP: {e}"))
+}
+
+/// Runs one end of `ibv_rc_pingpong` (client when `o.server` is set).
+pub fn pingpong(ep: &mut Endpoint, o: &PingpongOpts) -> Result<PingpongResult, String> {
+    if o.mtu.bytes() > ep.rnic.active_mtu().bytes() {
+        return Err(format!(
+            "-m {}: above the port's active MTU {} (interface MTU {})",
+            o.mtu.bytes(),
+            ep.rnic.active_mtu().bytes(),
+            ep.engine.port().mtu()
+        ));
+    }
+    let r = &mut ep.rnic;
+    let pd = r.alloc_pd();
+    let cq = r.create_cq(o.rx_depth + 1).map_err(verr)?;
+    let mr = r
+        .reg_mr(pd, o.size.max(1), Access::LOCAL_WRITE)
+        .map_err(verr)?;
+    // The buffer both sends and receives, filled with 0x7b as the real tool does.
+    r.mr_bytes_mut(mr.lkey).expect("just registered").fill(0x7b);
+    if o.check && o.server.is_some() {
+        // The client sends 0 at each page start; the server checks for it.
+        for b in r
+            .mr_bytes_mut(mr.lkey)
+            .expect("just registered")
+            .iter_mut()
+            .step_by(4096)
+        {
+            *b = 0;
+        }
+    }
+    let qpn = r
+        .create_qp(
+            pd,
+            QpInitAttr {
+                qp_type: QpType::Rc,
+                send_cq: cq,
+                recv_cq: cq,
+                srq: None,
+                cap: QpCap {
+                    max_send_wr: 1,
+                    max_recv_wr: o.rx_depth as u32,
+                    max_send_sge: 1,
+                    max_recv_sge: 1,
+                    max_inline_data: 0,
+                },
+                sq_sig_all: false,
+            },
+        )
+        .map_err(verr)?;
+    // INIT, then the receives, before the exchange (as pp_init_ctx / main do).
+    let init = QpAttr {
+        qp_state: QpState::Init,
+        pkey_index: 0,
+        port_num: 1,
+        ..Default::default()
+    };
+    r.modify_qp(
+        qpn,
+        &init,
+        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
+    )
+    .map_err(verr)?;
+    let c = PpCtx {
+        pd_cq: cq,
+        qpn,
+        mr,
+        psn: random_psn(),
+    };
+    pp_post_recv(r, &c, o.size, o.rx_depth)?;
+    let local = PingpongDest {
+        lid: 0,
+        qpn: qpn.value(),
+        psn: c.psn.value(),
+        gid: gid_bytes(r.ips()[0]),
+    };
+    let cfg = OobConfig::default();
+    let mtu = o.mtu;
+    let remote = match &o.server {
+        Some(server) => {
+            let addr = (server.as_str(), o.port);
+            let rem = serve(ep, |_ctl| oob::pingpong_client(addr, &local, &cfg))
+                .map_err(|e| e.to_string())?;
+            pp_connect(ep, &c, &rem, mtu)?;
+            rem
+        }
+        None => {
+            let listener = oob::listen(o.port).map_err(|e| e.to_string())?;
+            let c_qpn = c.qpn;
+            let c_psn = c.psn;
+            let c_mr = c.mr;
+            serve(ep, move |ctl| {
+                oob::pingpong_server(&listener, &local, &cfg, move |rem| {
+                    let rem = *rem;
+                    ctl.run(move |ep| {
+                        let c = PpCtx {
+                            pd_cq: cq,
+                            qpn: c_qpn,
+                            mr: c_mr,
+                            psn: c_psn,
+                        };
+                        pp_connect(ep, &c, &rem, mtu)
+                    })
+                })
+            })
+            .map_err(|e| e.to_string())?
+        }
+    };
+    let client = o.server.is_some();
+    let size = o.size;
+    // The ping-pong (rc_pingpong.c's main loop): a SEND goes when the previous one completed
+    // and a message arrived (the client starts).
+    let start = Instant::now();
+    let (mut scnt, mut rcnt, mut routs) = (0u64, 0u64, o.rx_depth);
+    let mut pending = RECV_WRID;
+    let post_send = |r: &mut Rnic| -> Result<(), String> {
+        r.post_send(
+            c.qpn,
+            SendWr::new(
+                SEND_WRID,
+                WrOpcode::Send,
+                vec![Sge {
+                    addr: c.mr.addr,
+                    length: size as u32,
+                    lkey: c.mr.lkey,
+                }],
+            ),
+        )
+        .map_err(verr)
+    };
+    if client {
+        post_send(&mut ep.rnic)?;
+        pending |= SEND_WRID;
+    }
+    let mut wcs = Vec::new();
+    let mut last_progress = Instant::now();
+    while rcnt < o.iters || scnt < o.iters {
+        let w = ep.engine.poll(&mut ep.rnic);
+        wcs.clear();
+        let n = ep.rnic.poll_cq_into(c.pd_cq, 16, &mut wcs);
+        if n == 0 {
+            ep.engine.idle(w);
+            if last_progress.elapsed() > Duration::from_secs(30) {
+                return Err(format!(
+                    "no progress for 30 s after {scnt} sends and {rcnt} receives"
+                ));
+            }
+            continue;
+        }
+        last_progress = Instant::now();
+        for wc in &wcs {
+            if wc.status != WcStatus::Success {
+                return Err(format!(
+                    "Failed status {} ({:?}) for wr_id {}",
+                    wc.status.as_str(),
+                    wc.status,
+                    wc.wr_id
+                ));
+            }
+            match wc.wr_id {
+                SEND_WRID => scnt += 1,
+                RECV_WRID => {
+                    routs -= 1;
+                    if routs <= 1 {
+                        let n = o.rx_depth - routs;
+                        pp_post_recv(&mut ep.rnic, &c, size, n)?;
+                        routs += n;
+                    }
+                    rcnt += 1;
+                }
+                other => return Err(format!("Completion for unknown wr_id {other}")),
+            }
+            pending &= !wc.wr_id;
+            if scnt < o.iters && pending == 0 {
+                post_send(&mut ep.rnic)?;
+                pending = RECV_WRID | SEND_WRID;
+            }
+        }
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    if o.check && !client {
+        let b = ep.rnic.mr_bytes(c.mr.lkey).expect("registered");
+        if b.iter().step_by(4096).any(|&x| x != 0) {
+            return Err("-c: the data the client sent is not what was expected".into());
+        }
+    }
+    // Let the last ACK leave.
+    ep.engine
+        .run_until(&mut ep.rnic, Duration::from_millis(100), |_| false);
+    ep.engine.flush();
+    Ok(PingpongResult {
+        local,
+        remote,
+        bytes: (size as u64) * o.iters * 2,
+        iters: o.iters,
+        seconds,
+    })
+}
+
+// ---- perf ------------------------------------------------------------------------------------
+
+/// Which perftest benchmark, and its options (both ends must agree on the ones perftest does
+/// not exchange: size, iterations, QPs).
+#[derive(Debug, Clone)]
+pub struct PerfOpts {
+    pub test: crate::perf::Test,
+    pub server: Option<String>,
+    pub port: u16,
+    pub size: usize,
+    /// Messages per QP.
+    pub iters: u64,
+    pub qps: usize,
+    /// The path MTU asked for (the smaller of the two ends' is used).
+    pub mtu: Mtu,
+    pub tx_depth: usize,
+    pub verify: bool,
+    pub qp_timeout: u8,
+}
+
+/// Outstanding reads and atomics per QP that RoCEmu advertises (perftest's out_reads).
+const OUT_READS: u16 = 16;
+/// Receives a send-test server keeps posted per QP (perftest's rx depth).
+const RX_DEPTH: usize = 512;
+
+impl PerfOpts {
+    fn perftest(&self) -> PerftestTest {
+        use crate::perf::Test;
+        match self.test {
+            Test::Write => PerftestTest::WriteBw,
+            Test::Read => PerftestTest::ReadBw,
+            Test::Send => PerftestTest::SendBw,
+            Test::Atomic { .. } => PerftestTest::AtomicBw,
+        }
+    }
+
+    /// Bytes of one QP's region: the message, at least a page (perftest's rule).
+    fn region(&self) -> usize {
+        self.size.max(4096).next_multiple_of(64)
+    }
+}
+
+/// One QP's side of the test.
+#[derive(Debug, Clone, Copy)]
+struct PerfQp {
+    qpn: Qpn,
+    psn: Psn,
+    /// The QP's region in the MR: `mr.addr + off`.
+    off: usize,
+}
+
+struct PerfSetup {
+    cq: CqId,
+    mr: MrInfo,
+    qps: Vec<PerfQp>,
+}
+
+fn access_for(server: bool) -> Access {
+    // A RoCEmu server opens its regions to every remote access so that a RoCEmu client's
+    // --verify can read back what it did (perftest's own server grants only what its test needs).
+    if server {
+        Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC
+    } else {
+        Access::LOCAL_WRITE
+    }
+}
+
+/// The bytes a RoCEmu server's region starts with: known to a verifying client from the
+/// region's address alone.
+fn server_pattern(vaddr: u64, n: usize) -> Vec<u8> {
+    pattern(vaddr ^ 0x5eed, n)
+}
+
+fn perf_setup(r: &mut Rnic, o: &PerfOpts, server: bool) -> Result<PerfSetup, String> {
+    let pd = r.alloc_pd();
+    let depth = if server { RX_DEPTH } else { o.tx_depth };
+    let cq = r.create_cq((depth + 8) * o.qps).map_err(verr)?;
+    let region = o.region();
+    // Client: each QP's source / destination region, then a read-back area for --verify.
+    let len = region * o.qps * if server { 1 } else { 2 };
+    let mr = r.reg_mr(pd, len, access_for(server)).map_err(verr)?;
+    let mut qps = Vec::with_capacity(o.qps);
+    for i in 0..o.qps {
+        let qpn = r
+            .create_qp(
+                pd,
+                QpInitAttr {
+                    qp_type: QpType::Rc,
+                    send_cq: cq,
+                    recv_cq: cq,
+                    srq: None,
+                    cap: QpCap {
+                        max_send_wr: o.tx_depth.max(8) as u32,
+                        max_recv_wr: RX_DEPTH as u32,
+                        max_send_sge: 1,
+                        max_recv_sge: 1,
+                        max_inline_data: 0,
+                    },
+                    sq_sig_all: false,
+                },
+            )
+            .map_err(verr)?;
+        qps.push(PerfQp {
+            qpn,
+            psn: random_psn(),
+            off: i * region,
+        });
+    }
+    let bytes = r.mr_bytes_mut(mr.lkey).expect("just registered");
+    for q in &qps {
+        let v = mr.addr + q.off as u64;
+        let fill = if server {
+            server_pattern(v, region)
+        } else {
+            pattern(v, region)
+        };
+        bytes[q.off..q.off + region].copy_from_slice(&fill);
+    }
+    Ok(PerfSetup { cq, mr, qps })
+}
+
+fn dests(ep: &Endpoint, o: &PerfOpts, s: &PerfSetup) -> Vec<PerftestDest> {
+    let out_reads = match o.test {
+        crate::perf::Test::Read | crate::perf::Test::Atomic { .. } => OUT_READS,
+        _ => 1,
+    };
+    s.qps
+        .iter()
+        .map(|q| PerftestDest {
+            lid: 0,
+            out_reads,
+            qpn: q.qpn.value(),
+            psn: q.psn.value(),
+            rkey: s.mr.rkey,
+            vaddr: s.mr.addr + q.off as u64,
+            gid: gid_bytes(ep.rnic.ips()[0]),
+            srqn: 0,
+        })
+        .collect()
+}
+
+fn perf_connect(
+    ep: &mut Endpoint,
+    o: &PerfOpts,
+    s: &PerfSetup,
+    rem: &[PerftestDest],
+    mtu: Mtu,
+) -> Result<(), String> {
+    if rem.len() != s.qps.len() {
+        return Err(format!(
+            "the peer has {} QPs, this end {}: give both the same -q",
+            rem.len(),
+            s.qps.len()
+        ));
+    }
+    let peer = gid_ip(&rem[0].gid, "the peer")?;
+    ep.engine.resolve(&mut ep.rnic, peer, RESOLVE)?;
+    for (q, d) in s.qps.iter().zip(rem) {
+        let c = ConnectOpts {
+            mtu,
+            timeout: o.qp_timeout,
+            max_rd_atomic: (OUT_READS.min(d.out_reads.max(1))) as u8,
+            ..Default::default()
+        };
+        bring_up(
+            &mut ep.rnic,
+            q.qpn,
+            Qpn::new(d.qpn),
+            peer,
+            q.psn,
+            Psn::new(d.psn),
+            &c,
+        )
+        .map_err(|e| format!("modify QP {:#x}: {e}", q.qpn.value()))?;
+    }
+    Ok(())
+}
+
+fn post_server_recvs(
+    r: &mut Rnic,
+    o: &PerfOpts,
+    s: &PerfSetup,
+    qi: usize,
+    n: usize,
+) -> Result<(), String> {
+    let q = s.qps[qi];
+    for _ in 0..n {
+        r.post_recv(
+            q.qpn,
+            RecvWr {
+                wr_id: qi as u64,
+                sg_list: vec![Sge {
+                    addr: s.mr.addr + q.off as u64,
+                    length: o.size as u32,
+                    lkey: s.mr.lkey,
+                }],
+            },
+        )
+        .map_err(verr)?;
+    }
+    Ok(())
+}
+
+/// What a perf end prints and returns.
+#[derive(Debug, Clone)]
+pub struct PerfOutcome {
+    /// This end's figures (client), or the client's as it reported them (server, when the test
+    /// exchanges reports).
+    pub report: Option<Report>,
+    pub peer_version: String,
+    pub mtu: usize,
+    pub lines: Vec<String>,
+}
+
+/// Runs one end of perftest's bandwidth test `o.test` (client when `o.server` is set).
+pub fn perf(ep: &mut Endpoint, o: &PerfOpts) -> Result<PerfOutcome, String> {
+    let server = o.server.is_none();
+    let active = ep.rnic.active_mtu();
+    let want = o.mtu.bytes().min(active.bytes());
+    let setup = perf_setup(&mut ep.rnic, o, server)?;
+    let my = dests(ep, o, &setup);
+    let test = o.perftest();
+    let cfg = OobConfig::default();
+    let mut conn = match &o.server {
+        Some(addr) => {
+            let a = (addr.as_str(), o.port);
+            serve(ep, |_| PerftestConn::connect(a, &cfg)).map_err(|e| e.to_string())?
+        }
+        None => {
+            let l: TcpListener = oob::listen(o.port).map_err(|e| e.to_string())?;
+            serve(ep, |_| PerftestConn::accept(&l, &cfg)).map_err(|e| e.to_string())?
+        }
+    };
+    let neg =
+        serve(ep, |_| conn.preamble(SysData::default(), want as u32)).map_err(|e| e.to_string())?;
+    let mtu = Mtu::from_bytes(neg.mtu as usize).unwrap_or(active);
+    // Setup and connect on the out-of-band thread; the QPs are moved by the engine's thread.
+    let setup_parts = (setup.cq, setup.mr, setup.qps.clone());
+    let o2 = o.clone();
+    let my2 = my.clone();
+    let rem = serve(ep, move |ctl| {
+        conn.setup_qps(test, &my2, |rem| {
+            let rem = rem.to_vec();
+            let o3 = o2.clone();
+            let (cq, mr, qps) = (setup_parts.0, setup_parts.1, setup_parts.2.clone());
+            ctl.run(move |ep| {
+                let s = PerfSetup { cq, mr, qps };
+                perf_connect(ep, &o3, &s, &rem, mtu)?;
+                if server && test == PerftestTest::SendBw {
+                    for qi in 0..s.qps.len() {
+                        post_server_recvs(&mut ep.rnic, &o3, &s, qi, RX_DEPTH)?;
+                    }
+                }
+                Ok(())
+            })
+        })
+        .map(|rem| (rem, conn))
+    })
+    .map_err(|e| e.to_string())?;
+    let (rem, mut conn) = rem;
+    if test == PerftestTest::SendBw {
+        let my0 = my[0];
+        conn = serve(ep, move |_| conn.sync(&my0).map(|_| conn)).map_err(|e| e.to_string())?;
+    }
+    let mut lines = Vec::new();
+    let peer_version = neg.remote_version.clone();
+    if server {
+        let report = if test == PerftestTest::SendBw {
+            let got = serve_send(ep, o, &setup)?;
+            let my0 = my[0];
+            serve(ep, move |_| conn.close(&my0)).map_err(|e| e.to_string())?;
+            lines.push(format!(" server: {got} messages received"));
+            None
+        } else {
+            let my0 = my[0];
+            // The server waits in the report exchange for the client's whole run.
+            conn.set_io_timeout(None);
+            let rep = serve(ep, move |_| conn.finish(test, &my0, &BwReport::default()))
+                .map_err(|e| e.to_string())?;
+            rep.map(|b| client_report(o, &b, mtu))
+        };
+        return Ok(PerfOutcome {
+            report,
+            peer_version,
+            mtu: mtu.bytes(),
+            lines,
+        });
+    }
+    let mut rep = run_client(ep, o, &setup, &rem, mtu)?;
+    if o.verify {
+        let (ok, detail) = verify(ep, o, &setup, &rem)?;
+        rep.verified = Some(ok);
+        rep.verify_detail = detail;
+    }
+    let b = BwReport {
+        size: o.size as u64,
+        iters: rep.messages,
+        bw_peak: rep.bw_peak_mbps * 1e6 / 1048576.0,
+        bw_avg: rep.bytes as f64 / rep.seconds / 1048576.0,
+        msg_rate_avg: rep.mpps,
+        per_port: None,
+    };
+    let my0 = my[0];
+    serve(ep, move |_| conn.finish(test, &my0, &b)).map_err(|e| e.to_string())?;
+    Ok(PerfOutcome {
+        report: Some(rep),
+        peer_version,
+        mtu: mtu.bytes(),
+        lines,
+    })
+}
+
+/// The client's figures as its report said them (what perftest's server prints).
+fn client_report(o: &PerfOpts, b: &BwReport, mtu: Mtu) -> Report {
+    let bytes = b.size * b.iters;
+    let seconds = if b.bw_avg > 0.0 {
+        bytes as f64 / (b.bw_avg * 1048576.0)
+    } else {
+        0.0
+    };
+    Report {
+        test: o.test.name(),
+        size: b.size as usize,
+        iters: b.iters,
+        qps: o.qps,
+        mtu: mtu.bytes(),
+        seconds,
+        bytes,
+        messages: b.iters,
+        gbps: b.bw_avg * 1048576.0 * 8.0 / 1e9,
+        mpps: b.msg_rate_avg,
+        bw_peak_mbps: b.bw_peak * 1048576.0 / 1e6,
+        ..Default::default()
+    }
+}
+
+/// A send-test server: keeps receives posted until every QP got its `iters` messages.
+fn serve_send(ep: &mut Endpoint, o: &PerfOpts, s: &PerfSetup) -> Result<u64, String> {
+    let want = o.iters * o.qps as u64;
+    let mut got = vec![0u64; o.qps];
+    let mut posted = vec![RX_DEPTH as u64; o.qps];
+    let mut wcs = Vec::new();
+    let mut total = 0;
+    let mut last = Instant::now();
+    while total < want {
+        let w = ep.engine.poll(&mut ep.rnic);
+        wcs.clear();
+        if ep.rnic.poll_cq_into(s.cq, 64, &mut wcs) == 0 {
+            ep.engine.idle(w);
+            if last.elapsed() > Duration::from_secs(60) {
+                return Err(format!("no message for 60 s after {total} of {want}"));
+            }
+            continue;
+        }
+        last = Instant::now();
+        for wc in &wcs {
+            if wc.status != WcStatus::Success {
+                return Err(format!("receive completion {:?}", wc.status));
+            }
+            let qi = wc.wr_id as usize;
+            got[qi] += 1;
+            total += 1;
+            if posted[qi] < o.iters {
+                post_server_recvs(&mut ep.rnic, o, s, qi, 1)?;
+                posted[qi] += 1;
+            }
+        }
+    }
+    Ok(total)
+}
+
+fn run_client(
+    ep: &mut Endpoint,
+    o: &PerfOpts,
+    s: &PerfSetup,
+    rem: &[PerftestDest],
+    mtu: Mtu,
+) -> Result<Report, String> {
+    use crate::perf::Test;
+    let c0 = ep.rnic.counters();
+    let limit = measure_limit(o.size as u64 * o.iters * o.qps as u64, mtu.bytes());
+    let mut posted = vec![0u64; o.qps];
+    let mut done = vec![0u64; o.qps];
+    let mut outstanding = vec![0usize; o.qps];
+    let total = o.iters * o.qps as u64;
+    let mut completed = 0u64;
+    let mut wcs = Vec::with_capacity(64);
+    let mut errors = 0u64;
+    let mut first_error = None;
+    let mut peak = 0.0f64;
+    let mut window = (Instant::now(), 0u64);
+    let start = Instant::now();
+    let mut last = Instant::now();
+    while completed < total {
+        for qi in 0..o.qps {
+            while outstanding[qi] < o.tx_depth && posted[qi] < o.iters {
+                let q = s.qps[qi];
+                let local = Sge {
+                    addr: s.mr.addr + q.off as u64,
+                    length: o.size as u32,
+                    lkey: s.mr.lkey,
+                };
+                let (raddr, rkey) = (rem[qi].vaddr, rem[qi].rkey);
+                let opcode = match o.test {
+                    Test::Write => WrOpcode::RdmaWrite {
+                        remote_addr: raddr,
+                        rkey,
+                    },
+                    Test::Read => WrOpcode::RdmaRead {
+                        remote_addr: raddr,
+                        rkey,
+                    },
+                    Test::Send => WrOpcode::Send,
+                    Test::Atomic { cmp_swap: false } => WrOpcode::AtomicFetchAdd {
+                        remote_addr: raddr,
+                        rkey,
+                        add: 1,
+                    },
+                    Test::Atomic { cmp_swap: true } => WrOpcode::AtomicCmpSwap {
+                        remote_addr: raddr,
+                        rkey,
+                        compare: 0,
+                        swap: 0,
+                    },
+                };
+                let local = if matches!(o.test, Test::Atomic { .. }) {
+                    Sge { length: 8, ..local }
+                } else {
+                    local
+                };
+                ep.rnic
+                    .post_send(q.qpn, SendWr::new(qi as u64, opcode, vec![local]))
+                    .map_err(verr)?;
+                posted[qi] += 1;
+                outstanding[qi] += 1;
+            }
+        }
+        let w = ep.engine.poll(&mut ep.rnic);
+        wcs.clear();
+        let n = ep.rnic.poll_cq_into(s.cq, 64, &mut wcs);
+        if n == 0 {
+            ep.engine.idle(w);
+            if last.elapsed() > Duration::from_secs(30) {
+                return Err(format!(
+                    "no completion for 30 s after {completed} of {total}; counters {:?}",
+                    ep.rnic.counters()
+                ));
+            }
+            continue;
+        }
+        last = Instant::now();
+        for wc in &wcs {
+            let qi = wc.wr_id as usize;
+            if wc.status != WcStatus::Success {
+                errors += 1;
+                first_error.get_or_insert_with(|| {
+                    format!("{:?} on QP {:#x}", wc.status, s.qps[qi].qpn.value())
+                });
+            }
+            done[qi] += 1;
+            outstanding[qi] -= 1;
+            completed += 1;
+        }
+        if errors > 0 {
+            break;
+        }
+        let el = window.0.elapsed();
+        if el >= Duration::from_millis(100) {
+            let bw = (completed - window.1) as f64 * o.size as f64 / el.as_secs_f64() / 1e6;
+            peak = peak.max(bw);
+            window = (Instant::now(), completed);
+        }
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    let c1 = ep.rnic.counters();
+    let bytes = completed * o.size as u64;
+    let avg_mbps = bytes as f64 / seconds / 1e6;
+    Ok(Report {
+        test: o.test.name(),
+        size: o.size,
+        iters: total,
+        qps: o.qps,
+        mtu: mtu.bytes(),
+        seconds,
+        bytes,
+        messages: completed,
+        packets: (c1.tx_packets - c0.tx_packets) + (c1.rx_packets - c0.rx_packets),
+        gbps: bytes as f64 * 8.0 / seconds / 1e9,
+        mpps: completed as f64 / seconds / 1e6,
+        retransmits: c1.retransmits - c0.retransmits,
+        naks: c1.naks_received - c0.naks_received,
+        rnr_naks: c1.rnr_naks_received - c0.rnr_naks_received,
+        timeouts: c1.local_ack_timeouts - c0.local_ack_timeouts,
+        verified: None,
+        verify_detail: String::new(),
+        errors,
+        first_error,
+        limit_gbps: limit,
+        bw_peak_mbps: peak.max(avg_mbps),
+        lat_us: Vec::new(),
+    })
+}
+
+/// Checks the run through the wire by reading back the server's regions (a RoCEmu server
+/// grants that; perftest's own does not, so --verify needs a RoCEmu server).
+fn verify(
+    ep: &mut Endpoint,
+    o: &PerfOpts,
+    s: &PerfSetup,
+    rem: &[PerftestDest],
+) -> Result<(bool, String), String> {
+    use crate::perf::Test;
+    let region = o.region();
+    let back = o.qps * region;
+    let n = match o.test {
+        Test::Atomic { .. } => 8,
+        _ => o.size,
+    };
+    for (qi, d) in rem.iter().enumerate() {
+        let q = s.qps[qi];
+        let sge = Sge {
+            addr: s.mr.addr + (back + q.off) as u64,
+            length: n as u32,
+            lkey: s.mr.lkey,
+        };
+        ep.rnic
+            .post_send(
+                q.qpn,
+                SendWr::new(
+                    1 << 40,
+                    WrOpcode::RdmaRead {
+                        remote_addr: d.vaddr,
+                        rkey: d.rkey,
+                    },
+                    vec![sge],
+                ),
+            )
+            .map_err(verr)?;
+        let mut wcs = Vec::new();
+        let cq = s.cq;
+        if !ep
+            .engine
+            .run_until(&mut ep.rnic, Duration::from_secs(30), |r| {
+                r.poll_cq_into(cq, 1, &mut wcs);
+                !wcs.is_empty()
+            })
+        {
+            return Ok((false, format!("QP {qi}: the read-back did not complete")));
+        }
+        if wcs[0].status != WcStatus::Success {
+            return Ok((
+                false,
+                format!("QP {qi}: the read-back failed ({:?}; a perftest server does not grant remote reads)", wcs[0].status),
+            ));
+        }
+        let b = ep.rnic.mr_bytes(s.mr.lkey).expect("registered");
+        let remote_now = &b[back + q.off..back + q.off + n];
+        let mine = &b[q.off..q.off + n];
+        let theirs0 = server_pattern(d.vaddr, n);
+        let (ok, what) = match o.test {
+            // What was written or sent is what the server's region holds.
+            Test::Write | Test::Send => (
+                remote_now == mine,
+                "the server's region differs from what was sent",
+            ),
+            // What was read is what the server's region held (and still holds).
+            Test::Read => (
+                mine == &theirs0[..] && remote_now == &theirs0[..],
+                "what was read differs from the server's data",
+            ),
+            Test::Atomic { cmp_swap } => {
+                let initial = u64::from_le_bytes(theirs0[..8].try_into().expect("8 bytes"));
+                let now = u64::from_le_bytes(remote_now.try_into().expect("8 bytes"));
+                let expect = if cmp_swap {
+                    if initial == 0 {
+                        0
+                    } else {
+                        initial
+                    }
+                } else {
+                    initial.wrapping_add(o.iters)
+                };
+                if now != expect {
+                    return Ok((
+                        false,
+                        format!("QP {qi}: the final value is {now:#x}, expected {expect:#x} (initial {initial:#x} + {} adds)", o.iters),
+                    ));
+                }
+                (true, "")
+            }
+        };
+        if !ok {
+            return Ok((false, format!("QP {qi}: {what}")));
+        }
+    }
+    Ok((true, String::new()))
+}
