@@ -31,7 +31,9 @@ pub fn open(dev: &str, ip: &str, mac: Option<&str>, pcap: Option<&Path>) -> Resu
             let p = AfPacketPort::open(ifname, &opts).map_err(|e| e.to_string())?;
             (Box::new(p), Some(KernelGuard::new()))
         } else if let Some(args) = dev.strip_prefix("dpdk:") {
-            (open_dpdk(args)?, None)
+            // A PMD on a kernel interface (net_af_packet, net_af_xdp, net_tap) leaves the kernel
+            // seeing the same datagrams; on a real NIC the guard costs two idle sockets.
+            (open_dpdk(args)?, Some(KernelGuard::new()))
         } else {
             return Err(format!(
                 "--dev {dev}: give af_packet:IFACE or dpdk:'EAL ARGS'"

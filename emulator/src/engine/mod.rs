@@ -77,6 +77,8 @@ struct State {
     ctl: VecDeque<([u8; CTL_FRAME], usize)>,
     pcap: Option<CaptureWriter<std::io::BufWriter<std::fs::File>>>,
     stats: EngineStats,
+    /// Addresses we asked about and have no answer for yet (few: one per resolve).
+    asking: Vec<IpAddr>,
     idle: u32,
     strategy: IdleStrategy,
 }
@@ -109,6 +111,7 @@ impl Engine {
                 ctl: VecDeque::new(),
                 pcap: None,
                 stats: EngineStats::default(),
+                asking: Vec::new(),
                 idle: 0,
                 strategy: IdleStrategy::default(),
             },
@@ -224,10 +227,12 @@ impl Engine {
             let now = self.now();
             if let Some(m) = self.st.neighbors.get(ip, now) {
                 rnic.set_neighbor(ip, m);
+                self.st.asking.retain(|a| *a != ip);
                 return Ok(m);
             }
             let t = Instant::now();
             if t >= deadline {
+                self.st.asking.retain(|a| *a != ip);
                 return Err(format!(
                     "no answer from {ip} on {} within {:.1} s ({} asked; is the peer up and on this link?)",
                     self.port.name(),
@@ -340,7 +345,8 @@ impl State {
         if mac.is_multicast() || mac == Mac([0; 6]) {
             return;
         }
-        match self.neighbors.learn(ip, mac, now) {
+        let asked = self.asking.contains(&ip);
+        match self.neighbors.learn(ip, mac, now, asked) {
             Learnt::New | Learnt::Changed => {
                 self.stats.neighbours_learnt += 1;
                 rnic.set_neighbor(ip, mac);
@@ -448,6 +454,9 @@ impl State {
 
     /// Queues a request for `ip`'s MAC.
     fn ask(&mut self, rnic: &mut Rnic, ip: IpAddr) -> Result<(), String> {
+        if !self.asking.contains(&ip) {
+            self.asking.push(ip);
+        }
         let mut b = [0u8; CTL_FRAME];
         let n = match ip {
             IpAddr::V4(t) => {

@@ -13,12 +13,17 @@ use std::net::IpAddr;
 struct Entry {
     mac: Mac,
     expires: Nanos,
+    /// Learnt from an answer to our own question: a storm cannot push it out.
+    asked: bool,
 }
 
 /// IP → MAC with timeouts.
 #[derive(Debug, Default)]
 pub struct Neighbors {
     map: HashMap<IpAddr, Entry>,
+    /// When a full table was last swept for expired entries: at most once a second, so that a
+    /// storm against a full table costs a hash lookup per frame, not a sweep.
+    last_sweep: Option<Nanos>,
 }
 
 /// What [`Neighbors::learn`] did.
@@ -40,12 +45,17 @@ impl Neighbors {
         self.map.get(&ip).filter(|e| e.expires > now).map(|e| e.mac)
     }
 
-    /// Records that `ip` is at `mac` as of `now`.
-    pub fn learn(&mut self, ip: IpAddr, mac: Mac, now: Nanos) -> Learnt {
+    /// Records that `ip` is at `mac` as of `now`. `asked`: this answers a question of ours (a
+    /// table full of unasked-for entries then makes room for it).
+    pub fn learn(&mut self, ip: IpAddr, mac: Mac, now: Nanos, asked: bool) -> Learnt {
         let expires = now + Self::TTL;
         if let Some(e) = self.map.get_mut(&ip) {
             let changed = e.mac != mac;
-            *e = Entry { mac, expires };
+            *e = Entry {
+                mac,
+                expires,
+                asked: asked || e.asked,
+            };
             return if changed {
                 Learnt::Changed
             } else {
@@ -53,12 +63,33 @@ impl Neighbors {
             };
         }
         if self.map.len() >= Self::CAPACITY {
-            self.map.retain(|_, e| e.expires > now);
+            if self
+                .last_sweep
+                .is_none_or(|t| now.saturating_sub(t) >= Nanos::from_millis(1000))
+            {
+                self.last_sweep = Some(now);
+                self.map.retain(|_, e| e.expires > now);
+            }
             if self.map.len() >= Self::CAPACITY {
-                return Learnt::Refused;
+                let victim = asked
+                    .then(|| self.map.iter().find(|(_, e)| !e.asked).map(|(k, _)| *k))
+                    .flatten();
+                match victim {
+                    Some(k) => {
+                        self.map.remove(&k);
+                    }
+                    None => return Learnt::Refused,
+                }
             }
         }
-        self.map.insert(ip, Entry { mac, expires });
+        self.map.insert(
+            ip,
+            Entry {
+                mac,
+                expires,
+                asked,
+            },
+        );
         Learnt::New
     }
 
@@ -80,13 +111,13 @@ mod tests {
         let mut n = Neighbors::default();
         let ip: IpAddr = "10.0.0.2".parse().unwrap();
         let m = Mac([2, 0, 0, 0, 0, 2]);
-        assert_eq!(n.learn(ip, m, Nanos(0)), Learnt::New);
+        assert_eq!(n.learn(ip, m, Nanos(0), false), Learnt::New);
         assert_eq!(n.get(ip, Nanos(1)), Some(m));
         assert_eq!(n.get(ip, Neighbors::TTL), None);
-        assert_eq!(n.learn(ip, m, Nanos(5)), Learnt::Refreshed);
+        assert_eq!(n.learn(ip, m, Nanos(5), false), Learnt::Refreshed);
         assert_eq!(n.get(ip, Neighbors::TTL), Some(m));
         assert_eq!(
-            n.learn(ip, Mac([2, 0, 0, 0, 0, 3]), Nanos(6)),
+            n.learn(ip, Mac([2, 0, 0, 0, 0, 3]), Nanos(6), false),
             Learnt::Changed
         );
     }
@@ -96,12 +127,23 @@ mod tests {
         let mut n = Neighbors::default();
         let m = Mac([2, 0, 0, 0, 0, 2]);
         for i in 0..(Neighbors::CAPACITY as u32 + 100) {
-            n.learn(IpAddr::from(i.to_be_bytes()), m, Nanos(0));
+            n.learn(IpAddr::from(i.to_be_bytes()), m, Nanos(0), false);
         }
         assert_eq!(n.len(), Neighbors::CAPACITY);
+        // The answer to a question of ours still gets in, and stays through the storm.
+        let peer: IpAddr = "10.0.0.9".parse().unwrap();
+        assert_eq!(n.learn(peer, m, Nanos(1), false), Learnt::Refused);
+        assert_eq!(n.learn(peer, m, Nanos(2), true), Learnt::New);
+        for i in 0..100u32 {
+            n.learn(IpAddr::from((i + 1 << 20).to_be_bytes()), m, Nanos(3), true);
+        }
+        assert_eq!(n.get(peer, Nanos(4)), Some(m));
         // Once the storm's entries expire, a real neighbour gets in again.
-        let later = Neighbors::TTL + Nanos(1);
-        assert_eq!(n.learn("10.0.0.2".parse().unwrap(), m, later), Learnt::New);
+        let later = Neighbors::TTL + Nanos(10);
+        assert_eq!(
+            n.learn("10.0.0.2".parse().unwrap(), m, later, false),
+            Learnt::New
+        );
         assert_eq!(n.len(), 1);
     }
 }
