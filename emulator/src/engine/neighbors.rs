@@ -135,7 +135,12 @@ mod tests {
         assert_eq!(n.learn(peer, m, Nanos(1), false), Learnt::Refused);
         assert_eq!(n.learn(peer, m, Nanos(2), true), Learnt::New);
         for i in 0..100u32 {
-            n.learn(IpAddr::from(((i + 1) << 20).to_be_bytes()), m, Nanos(3), true);
+            n.learn(
+                IpAddr::from(((i + 1) << 20).to_be_bytes()),
+                m,
+                Nanos(3),
+                true,
+            );
         }
         assert_eq!(n.get(peer, Nanos(4)), Some(m));
         // Once the storm's entries expire, a real neighbour gets in again.

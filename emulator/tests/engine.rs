@@ -1,0 +1,250 @@
+//! The engine over two in-memory ports: ARP and neighbour discovery both ways, the threaded mode
+//! with a shared `Device`, RC traffic between a polled engine and a threaded one, and a storm of
+//! garbage and made-up ARP senders that the engine must shrug off.
+use rocemu_emulator::api::Device;
+use rocemu_emulator::engine::{Engine, Neighbors};
+use rocemu_emulator::port::pipe::{pipe, PipePort};
+use rocemu_emulator::port::Port;
+use rocemu_emulator::rnic::*;
+use rocemu_emulator::sim::{bring_up, pattern, ConnectOpts};
+use rocemu_wire::arp::{self, ArpRepr};
+use rocemu_wire::eth::Mac;
+use rocemu_wire::Psn;
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::Duration;
+
+const MAC_A: Mac = Mac([2, 0, 0, 0, 0, 0xa]);
+const MAC_B: Mac = Mac([2, 0, 0, 0, 0, 0xb]);
+
+fn ips(last: u8) -> Vec<IpAddr> {
+    vec![
+        IpAddr::V4(Ipv4Addr::new(10, 5, 0, last)),
+        format!("fd00::{last}").parse().unwrap(),
+    ]
+}
+
+fn rnic(mac: Mac, last: u8) -> Rnic {
+    let mut c = RnicConfig::new(mac, ips(last)[0], last as u64);
+    c.ips = ips(last);
+    c.eth_mtu = 1500;
+    Rnic::new(c)
+}
+
+fn two() -> (Rnic, Engine, Rnic, Engine, PipePort) {
+    let (pa, pb) = pipe(MAC_A, MAC_B, 1500);
+    let (spy, _) = pipe(MAC_A, MAC_B, 1500);
+    (
+        rnic(MAC_A, 1),
+        Engine::new(Box::new(pa)),
+        rnic(MAC_B, 2),
+        Engine::new(Box::new(pb)),
+        spy,
+    )
+}
+
+#[test]
+fn arp_and_nd_resolve_both_ways_against_a_threaded_engine() {
+    let (mut ra, mut ea, rb, eb, _) = two();
+    let dev_b = Device::new(rb);
+    let hb = eb.spawn(dev_b.clone());
+    for ip in ips(2) {
+        let m = ea.resolve(&mut ra, ip, Duration::from_secs(5)).unwrap();
+        assert_eq!(m, MAC_B, "{ip}");
+    }
+    assert_eq!(ea.stats().arp_requests_sent, 1);
+    assert_eq!(ea.stats().nd_solicits_sent, 1);
+    let eb = hb.stop().expect("engine back");
+    assert_eq!(eb.stats().arp_requests_answered, 1);
+    assert_eq!(eb.stats().nd_solicits_answered, 1);
+    // B learnt A from the questions (RFC 826; RFC 4861 7.2.3).
+    assert_eq!(eb.neighbors().len(), 2);
+    // An address nobody has: a clear error, in bounded time.
+    let e = ea
+        .resolve(
+            &mut ra,
+            "10.5.0.77".parse().unwrap(),
+            Duration::from_millis(600),
+        )
+        .unwrap_err();
+    assert!(e.contains("no answer from 10.5.0.77"), "{e}");
+}
+
+#[test]
+fn rc_between_a_polled_engine_and_a_threaded_device() {
+    let (mut ra, mut ea, mut rb, eb, _) = two();
+    let pd_b = rb.alloc_pd();
+    let cq_b = rb.create_cq(16).unwrap();
+    let mr_b = rb
+        .reg_mr(pd_b, 1 << 16, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+        .unwrap();
+    let init = |cq| QpInitAttr {
+        qp_type: QpType::Rc,
+        send_cq: cq,
+        recv_cq: cq,
+        srq: None,
+        cap: QpCap::default(),
+        sq_sig_all: false,
+    };
+    let qb = rb.create_qp(pd_b, init(cq_b)).unwrap();
+    let pd_a = ra.alloc_pd();
+    let cq_a = ra.create_cq(16).unwrap();
+    let mr_a = ra.reg_mr(pd_a, 1 << 16, Access::LOCAL_WRITE).unwrap();
+    let qa = ra.create_qp(pd_a, init(cq_a)).unwrap();
+    let dev_b = Device::new(rb);
+    let hb = eb.spawn(dev_b.clone());
+    ea.resolve(&mut ra, ips(2)[0], Duration::from_secs(5))
+        .unwrap();
+    let o = ConnectOpts::default();
+    bring_up(&mut ra, qa, qb, ips(2)[0], Psn::new(1), Psn::new(2), &o).unwrap();
+    dev_b
+        .with(|rb| {
+            rb.set_neighbor(ips(1)[0], MAC_A);
+            bring_up(rb, qb, qa, ips(1)[0], Psn::new(2), Psn::new(1), &o)?;
+            rb.post_recv(
+                qb,
+                RecvWr {
+                    wr_id: 5,
+                    sg_list: vec![Sge {
+                        addr: mr_b.addr,
+                        length: 1 << 16,
+                        lkey: mr_b.lkey,
+                    }],
+                },
+            )
+        })
+        .unwrap();
+    let data = pattern(9, 40_000);
+    ra.mr_bytes_mut(mr_a.lkey).unwrap()[..40_000].copy_from_slice(&data);
+    let sge = Sge {
+        addr: mr_a.addr,
+        length: 40_000,
+        lkey: mr_a.lkey,
+    };
+    ra.post_send(qa, SendWr::new(1, WrOpcode::Send, vec![sge]))
+        .unwrap();
+    let mut wcs = Vec::new();
+    assert!(ea.run_until(&mut ra, Duration::from_secs(10), |r| {
+        r.poll_cq_into(cq_a, 1, &mut wcs);
+        !wcs.is_empty()
+    }));
+    assert_eq!(wcs[0].status, WcStatus::Success);
+    // The application side of B waits for its completion the async way.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let wc = rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(10), dev_b.next_wc(cq_b))
+            .await
+            .expect("B's receive completes")
+    });
+    assert_eq!(
+        (wc.wr_id, wc.status, wc.byte_len),
+        (5, WcStatus::Success, 40_000)
+    );
+    let mut got = vec![0u8; 40_000];
+    dev_b.read_mr(mr_b.lkey, 0, &mut got).unwrap();
+    assert_eq!(got, data);
+    drop(hb);
+}
+
+#[test]
+fn a_storm_of_garbage_and_fake_arp_neither_stops_nor_fills_the_engine() {
+    let (pa, mut pb) = pipe(MAC_A, MAC_B, 1500);
+    let mut ra = rnic(MAC_A, 1);
+    let mut ea = Engine::new(Box::new(pa));
+    let mut x = 0x1234_5678_9abc_def0u64;
+    let mut rnd = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let mut sent = 0;
+    for round in 0..200u32 {
+        for i in 0..100u32 {
+            let mut f = [0u8; 64];
+            let n = match i % 4 {
+                // Made-up senders asking for our address: each is answered, and learnt until the
+                // table is full.
+                0 | 1 => {
+                    let sender = Ipv4Addr::from(0x0a05_0000 | (round * 100 + i + 10));
+                    let mac = Mac([2, 9, 0, (round >> 8) as u8, round as u8, i as u8]);
+                    ArpRepr {
+                        op: arp::OP_REQUEST,
+                        sender_mac: mac,
+                        sender_ip: sender,
+                        target_mac: Mac([0; 6]),
+                        target_ip: Ipv4Addr::new(10, 5, 0, 1),
+                    }
+                    .emit_frame(Mac::BROADCAST, &mut f)
+                }
+                // ARP with nonsense in it.
+                2 => {
+                    f[..6].copy_from_slice(&MAC_A.0);
+                    f[12] = 0x08;
+                    f[13] = 0x06;
+                    for b in &mut f[14..] {
+                        *b = rnd() as u8;
+                    }
+                    (rnd() % 64) as usize
+                }
+                // Random bytes.
+                _ => {
+                    for b in &mut f {
+                        *b = rnd() as u8;
+                    }
+                    (rnd() % 64) as usize
+                }
+            };
+            pb.tx_burst(1, &mut |b| {
+                b[..n].copy_from_slice(&f[..n]);
+                Some(n)
+            });
+            sent += 1;
+        }
+        // The engine turns while the storm goes on; its answers pile up on B's side.
+        for _ in 0..8 {
+            ea.poll(&mut ra);
+        }
+        pb.rx_burst(usize::MAX, &mut |_| {});
+    }
+    while ea.poll(&mut ra) > 0 {}
+    let s = ea.stats();
+    assert_eq!(ea.port_stats().rx_frames, sent);
+    assert_eq!(ea.neighbors().len(), Neighbors::CAPACITY);
+    assert!(s.neighbours_refused > 0);
+    assert_eq!(s.arp_requests_answered, 10_000);
+    assert!(s.ctl_ignored > 0, "{s:?}");
+    // And an honest question still gets its answer.
+    let mut replies = Vec::new();
+    let asker = Mac([2, 7, 7, 7, 7, 7]);
+    let mut f = [0u8; 64];
+    let n = ArpRepr {
+        op: arp::OP_REQUEST,
+        sender_mac: asker,
+        sender_ip: Ipv4Addr::new(10, 5, 0, 200),
+        target_mac: Mac([0; 6]),
+        target_ip: Ipv4Addr::new(10, 5, 0, 1),
+    }
+    .emit_frame(Mac::BROADCAST, &mut f);
+    pb.tx_burst(1, &mut |b| {
+        b[..n].copy_from_slice(&f[..n]);
+        Some(n)
+    });
+    pb.rx_burst(usize::MAX, &mut |_| {});
+    ea.poll(&mut ra);
+    pb.rx_burst(usize::MAX, &mut |fr| replies.push(fr.to_vec()));
+    assert_eq!(replies.len(), 1);
+    let r = ArpRepr::parse(&replies[0][14..]).unwrap();
+    assert_eq!(&replies[0][..6], &asker.0);
+    assert_eq!(
+        (r.op, r.sender_mac, r.sender_ip, r.target_ip),
+        (
+            arp::OP_REPLY,
+            MAC_A,
+            Ipv4Addr::new(10, 5, 0, 1),
+            Ipv4Addr::new(10, 5, 0, 200)
+        )
+    );
+}
