@@ -1,5 +1,5 @@
 //! `--dev`, `--ip`, `--mac`: where an end of `rocemu pingpong` / `rocemu perf` meets the wire.
-use rocemu_emulator::engine::Engine;
+use rocemu_emulator::engine::{Engine, IdleStrategy};
 use rocemu_emulator::port::af_packet::{AfPacketOptions, AfPacketPort, KernelGuard};
 use rocemu_emulator::port::Port;
 use rocemu_emulator::rnic::{Rnic, RnicConfig};
@@ -55,6 +55,8 @@ pub fn open(dev: &str, ip: &str, mac: Option<&str>, pcap: Option<&Path>) -> Resu
     cfg.eth_mtu = port.mtu();
     let rnic = Rnic::new(cfg);
     let mut engine = Engine::new(port);
+    // Like perftest and DPDK applications: spin, for the lowest latency (one core per end).
+    engine.set_idle_strategy(IdleStrategy::BusyPoll);
     if let Some(p) = pcap {
         engine.record(p)?;
     }

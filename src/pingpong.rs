@@ -4,6 +4,13 @@ use rocemu_emulator::rnic::Mtu;
 use rocemu_testbed::remote::{self, PingpongOpts};
 use std::process::ExitCode;
 
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    Rc,
+    Uc,
+    Ud,
+}
+
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// The server's address; without it this end is the server.
@@ -17,9 +24,9 @@ pub struct Args {
     /// Accepted for compatibility (RoCEmu has one port).
     #[arg(short = 'i', long = "ib-port", default_value_t = 1)]
     ib_port: u32,
-    /// Message size.
-    #[arg(short = 's', long, default_value_t = 4096)]
-    size: usize,
+    /// Message size (4096; 2048 for UD, as the real tools).
+    #[arg(short = 's', long)]
+    size: Option<usize>,
     /// Path MTU.
     #[arg(short = 'm', long, default_value_t = 1024)]
     mtu: usize,
@@ -41,6 +48,9 @@ pub struct Args {
     /// Validate the received buffer (the client sends 0 at each page start).
     #[arg(short = 'c', long)]
     chk: bool,
+    /// Transport: rc (ibv_rc_pingpong), uc (ibv_uc_pingpong) or ud (ibv_ud_pingpong).
+    #[arg(long, value_enum, default_value_t = Transport::Rc)]
+    transport: Transport,
     /// Datapath: af_packet:IFACE or dpdk:'EAL ARGS'.
     #[arg(long)]
     dev: String,
@@ -58,8 +68,13 @@ pub struct Args {
 pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
     let mtu = Mtu::from_bytes(a.mtu)
         .ok_or_else(|| format!("-m {}: the path MTU is 256, 512, 1024, 2048 or 4096", a.mtu))?;
-    if a.size == 0 || a.size > 1 << 30 {
-        return Err(format!("-s {}: between 1 byte and 1 GiB", a.size).into());
+    let size = a.size.unwrap_or(if a.transport == Transport::Ud {
+        2048
+    } else {
+        4096
+    });
+    if size == 0 || size > 1 << 30 {
+        return Err(format!("-s {size}: between 1 byte and 1 GiB").into());
     }
     if a.rx_depth < 2 || a.rx_depth > 16384 {
         return Err(format!("-r {}: between 2 and 16384", a.rx_depth).into());
@@ -71,11 +86,16 @@ pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
     let o = PingpongOpts {
         server: a.server.clone(),
         port: a.port,
-        size: a.size,
+        size,
         iters: a.iters,
         mtu,
         rx_depth: a.rx_depth,
         check: a.chk,
+        transport: match a.transport {
+            Transport::Rc => rocemu_emulator::rnic::QpType::Rc,
+            Transport::Uc => rocemu_emulator::rnic::QpType::Uc,
+            Transport::Ud => rocemu_emulator::rnic::QpType::Ud,
+        },
     };
     let r = remote::pingpong(&mut d.ep, &o);
     d.ep.engine.finish_recording()?;

@@ -126,7 +126,14 @@ pub struct PingpongOpts {
     pub rx_depth: usize,
     /// `-c`: the server checks that the client's bytes at each page start are 0.
     pub check: bool,
+    /// RC (`ibv_rc_pingpong`), UC (`ibv_uc_pingpong`) or UD (`ibv_ud_pingpong`).
+    pub transport: QpType,
 }
+
+/// `ibv_ud_pingpong`'s Q_Key.
+pub const UD_PINGPONG_QKEY: u32 = 0x1111_1111;
+/// Room for the GRH at the front of every UD receive buffer (IBTA 11.4.1.1).
+const GRH: usize = 40;
 
 /// What a pingpong did.
 #[derive(Debug, Clone)]
@@ -175,12 +182,15 @@ struct PpCtx {
     qpn: Qpn,
     mr: MrInfo,
     psn: Psn,
+    ud: bool,
 }
 
 const RECV_WRID: u64 = 1;
 const SEND_WRID: u64 = 2;
 
 fn pp_post_recv(r: &mut Rnic, c: &PpCtx, size: usize, n: usize) -> Result<(), String> {
+    // UD receives take the GRH area in front of the payload.
+    let len = if c.ud { size + GRH } else { size };
     for _ in 0..n {
         r.post_recv(
             c.qpn,
@@ -188,7 +198,7 @@ fn pp_post_recv(r: &mut Rnic, c: &PpCtx, size: usize, n: usize) -> Result<(), St
                 wr_id: RECV_WRID,
                 sg_list: vec![Sge {
                     addr: c.mr.addr,
-                    length: size as u32,
+                    length: len as u32,
                     lkey: c.mr.lkey,
                 }],
             },
@@ -204,6 +214,7 @@ fn pp_connect(ep: &mut Endpoint, c: &PpCtx, rem: &PingpongDest, mtu: Mtu) -> Res
     let o = ConnectOpts {
         mtu,
         max_rd_atomic: 1,
+        qkey: rocemu_wire::QKey(UD_PINGPONG_QKEY),
         ..Default::default()
     };
     bring_up(
@@ -218,7 +229,12 @@ fn pp_connect(ep: &mut Endpoint, c: &PpCtx, rem: &PingpongDest, mtu: Mtu) -> Res
     .map_err(|e| format!("modify QP: {e}"))
 }
 
-/// Runs one end of `ibv_rc_pingpong` (client when `o.server` is set).
+fn ep_mtu_bytes(r: &Rnic) -> usize {
+    r.active_mtu().bytes()
+}
+
+/// Runs one end of `ibv_rc_pingpong`, `ibv_uc_pingpong` or `ibv_ud_pingpong` (client when
+/// `o.server` is set).
 pub fn pingpong(ep: &mut Endpoint, o: &PingpongOpts) -> Result<PingpongResult, String> {
     if o.mtu.bytes() > ep.rnic.active_mtu().bytes() {
         return Err(format!(
@@ -231,8 +247,20 @@ pub fn pingpong(ep: &mut Endpoint, o: &PingpongOpts) -> Result<PingpongResult, S
     let r = &mut ep.rnic;
     let pd = r.alloc_pd();
     let cq = r.create_cq(o.rx_depth + 1).map_err(verr)?;
+    let ud = o.transport == QpType::Ud;
+    if ud && o.size > ep_mtu_bytes(r) {
+        return Err(format!(
+            "-s {}: a UD message must fit the port's MTU ({})",
+            o.size,
+            ep_mtu_bytes(r)
+        ));
+    }
     let mr = r
-        .reg_mr(pd, o.size.max(1), Access::LOCAL_WRITE)
+        .reg_mr(
+            pd,
+            o.size.max(1) + if ud { GRH } else { 0 },
+            Access::LOCAL_WRITE,
+        )
         .map_err(verr)?;
     // The buffer both sends and receives, filled with 0x7b as the real tool does.
     r.mr_bytes_mut(mr.lkey).expect("just registered").fill(0x7b);
@@ -251,7 +279,7 @@ pub fn pingpong(ep: &mut Endpoint, o: &PingpongOpts) -> Result<PingpongResult, S
         .create_qp(
             pd,
             QpInitAttr {
-                qp_type: QpType::Rc,
+                qp_type: o.transport,
                 send_cq: cq,
                 recv_cq: cq,
                 srq: None,
@@ -271,12 +299,18 @@ pub fn pingpong(ep: &mut Endpoint, o: &PingpongOpts) -> Result<PingpongResult, S
         qp_state: QpState::Init,
         pkey_index: 0,
         port_num: 1,
+        qkey: rocemu_wire::QKey(UD_PINGPONG_QKEY),
         ..Default::default()
+    };
+    let last = if ud {
+        QpAttrMask::QKEY
+    } else {
+        QpAttrMask::ACCESS_FLAGS
     };
     r.modify_qp(
         qpn,
         &init,
-        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
+        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | last,
     )
     .map_err(verr)?;
     let c = PpCtx {
@@ -284,6 +318,7 @@ pub fn pingpong(ep: &mut Endpoint, o: &PingpongOpts) -> Result<PingpongResult, S
         qpn,
         mr,
         psn: random_psn(),
+        ud,
     };
     pp_post_recv(r, &c, o.size, o.rx_depth)?;
     let local = PingpongDest {
@@ -316,6 +351,7 @@ pub fn pingpong(ep: &mut Endpoint, o: &PingpongOpts) -> Result<PingpongResult, S
                             qpn: c_qpn,
                             mr: c_mr,
                             psn: c_psn,
+                            ud,
                         };
                         pp_connect(ep, &c, &rem, mtu)
                     })
@@ -331,20 +367,29 @@ pub fn pingpong(ep: &mut Endpoint, o: &PingpongOpts) -> Result<PingpongResult, S
     let start = Instant::now();
     let (mut scnt, mut rcnt, mut routs) = (0u64, 0u64, o.rx_depth);
     let mut pending = RECV_WRID;
+    let peer = gid_ip(&remote.gid, "the peer")?;
+    let dest = ud.then(|| UdDest {
+        ah: AhAttr {
+            dgid: Gid::from_ip(peer),
+            hop_limit: 64,
+            ..Default::default()
+        },
+        remote_qpn: Qpn::new(remote.qpn),
+        remote_qkey: rocemu_wire::QKey(UD_PINGPONG_QKEY),
+    });
     let post_send = |r: &mut Rnic| -> Result<(), String> {
-        r.post_send(
-            c.qpn,
-            SendWr::new(
-                SEND_WRID,
-                WrOpcode::Send,
-                vec![Sge {
-                    addr: c.mr.addr,
-                    length: size as u32,
-                    lkey: c.mr.lkey,
-                }],
-            ),
-        )
-        .map_err(verr)
+        let mut wr = SendWr::new(
+            SEND_WRID,
+            WrOpcode::Send,
+            vec![Sge {
+                // UD sends from behind the GRH area, as ibv_ud_pingpong does.
+                addr: c.mr.addr + if ud { GRH as u64 } else { 0 },
+                length: size as u32,
+                lkey: c.mr.lkey,
+            }],
+        );
+        wr.ud = dest;
+        r.post_send(c.qpn, wr).map_err(verr)
     };
     if client {
         post_send(&mut ep.rnic)?;
