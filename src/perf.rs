@@ -277,11 +277,14 @@ fn run_remote(
     let Some(ip) = &a.ip else {
         return Err("--dev needs --ip: this end's address".into());
     };
-    if a.lat || a.all || a.duration.is_some() {
-        return Err(
-            "--lat, -a and -D are not available with --dev yet: bandwidth tests with -n only"
-                .into(),
-        );
+    if a.all || a.duration.is_some() {
+        return Err("-a and -D are not available with --dev yet: give -s and -n".into());
+    }
+    if a.lat && a.qps != 1 {
+        return Err("--lat runs on one QP (as perftest's latency tests)".into());
+    }
+    if a.lat && a.verify {
+        return Err("--verify goes with the bandwidth tests".into());
     }
     if a.loss + a.reorder + a.duplicate + a.corrupt > 0.0 {
         return Err(
@@ -292,9 +295,11 @@ fn run_remote(
         return Err("--verify goes on the client (it checks its results through the wire)".into());
     }
     // perftest's defaults: 5000 iterations for ib_write_bw, 1000 for the others.
-    let iters = a
-        .iters
-        .unwrap_or(if test == Test::Write { 5000 } else { 1000 });
+    let iters = a.iters.unwrap_or(if test == Test::Write && !a.lat {
+        5000
+    } else {
+        1000
+    });
     let mut d = crate::datapath::open(dev, ip, a.mac.as_deref(), a.pcap.as_deref())?;
     let o = rocemu_testbed::remote::PerfOpts {
         test,
@@ -307,6 +312,7 @@ fn run_remote(
         tx_depth: a.tx_depth.min(iters as usize).max(1),
         verify: a.verify,
         qp_timeout: a.qp_timeout,
+        lat: a.lat,
     };
     let op = match test {
         Test::Write => "RDMA_Write",
@@ -325,7 +331,10 @@ fn run_remote(
     d.ep.engine.finish_recording()?;
     let out = out?;
     println!("{rule}");
-    println!("                    {op} BW Test");
+    println!(
+        "                    {op} {} Test",
+        if a.lat { "Latency" } else { "BW" }
+    );
     println!(" Device         : rocemu on {port}");
     println!(" Number of qps  : {}\t\tTransport type : IB", a.qps);
     println!(" Connection type : RC\t\tUsing SRQ      : OFF");
@@ -339,8 +348,13 @@ fn run_remote(
     }
     let mut ok = true;
     if let Some(r) = &out.report {
-        println!("{}", perf::bw_header(a.report_gbits));
-        println!("{}", perf::bw_line(r, a.report_gbits));
+        if a.lat {
+            println!("{}", perf::lat_header());
+            println!("{}", perf::lat_line(r));
+        } else {
+            println!("{}", perf::bw_header(a.report_gbits));
+            println!("{}", perf::bw_line(r, a.report_gbits));
+        }
         println!("{rule}");
         if r.errors > 0 {
             println!(
@@ -358,7 +372,7 @@ fn run_remote(
             }
             None => {}
         }
-        if a.server.is_some() {
+        if a.server.is_some() && !a.lat {
             println!(
                 " limit (copy + 2 CRC passes + copy, one thread): {:.2} Gb/s; ratio to limit {:.3}; retransmits {} naks {} timeouts {}",
                 r.limit_gbps,

@@ -478,6 +478,8 @@ pub struct PerfOpts {
     pub tx_depth: usize,
     pub verify: bool,
     pub qp_timeout: u8,
+    /// Latency instead of bandwidth (ib_*_lat): one QP, one message in flight.
+    pub lat: bool,
 }
 
 /// Outstanding reads and atomics per QP that RoCEmu advertises (perftest's out_reads).
@@ -488,11 +490,15 @@ const RX_DEPTH: usize = 512;
 impl PerfOpts {
     fn perftest(&self) -> PerftestTest {
         use crate::perf::Test;
-        match self.test {
-            Test::Write => PerftestTest::WriteBw,
-            Test::Read => PerftestTest::ReadBw,
-            Test::Send => PerftestTest::SendBw,
-            Test::Atomic { .. } => PerftestTest::AtomicBw,
+        match (self.test, self.lat) {
+            (Test::Write, false) => PerftestTest::WriteBw,
+            (Test::Read, false) => PerftestTest::ReadBw,
+            (Test::Send, false) => PerftestTest::SendBw,
+            (Test::Atomic { .. }, false) => PerftestTest::AtomicBw,
+            (Test::Write, true) => PerftestTest::WriteLat,
+            (Test::Read, true) => PerftestTest::ReadLat,
+            (Test::Send, true) => PerftestTest::SendLat,
+            (Test::Atomic { .. }, true) => PerftestTest::AtomicLat,
         }
     }
 
@@ -517,10 +523,11 @@ struct PerfSetup {
     qps: Vec<PerfQp>,
 }
 
-fn access_for(server: bool) -> Access {
+fn access_for(server: bool, lat: bool) -> Access {
     // A RoCEmu server opens its regions to every remote access so that a RoCEmu client's
     // --verify can read back what it did (perftest's own server grants only what its test needs).
-    if server {
+    // In the latency tests both ends write into each other (ib_write_lat).
+    if server || lat {
         Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC
     } else {
         Access::LOCAL_WRITE
@@ -539,8 +546,9 @@ fn perf_setup(r: &mut Rnic, o: &PerfOpts, server: bool) -> Result<PerfSetup, Str
     let cq = r.create_cq((depth + 8) * o.qps).map_err(verr)?;
     let region = o.region();
     // Client: each QP's source / destination region, then a read-back area for --verify.
-    let len = region * o.qps * if server { 1 } else { 2 };
-    let mr = r.reg_mr(pd, len, access_for(server)).map_err(verr)?;
+    // Latency: the region the peer writes into, then the one this end sends from.
+    let len = region * o.qps * if server && !o.lat { 1 } else { 2 };
+    let mr = r.reg_mr(pd, len, access_for(server, o.lat)).map_err(verr)?;
     let mut qps = Vec::with_capacity(o.qps);
     for i in 0..o.qps {
         let qpn = r
@@ -571,7 +579,10 @@ fn perf_setup(r: &mut Rnic, o: &PerfOpts, server: bool) -> Result<PerfSetup, Str
     let bytes = r.mr_bytes_mut(mr.lkey).expect("just registered");
     for q in &qps {
         let v = mr.addr + q.off as u64;
-        let fill = if server {
+        let fill = if o.lat {
+            // ib_write_lat polls the last byte of its region for the peer's counter: zeros.
+            vec![0u8; region]
+        } else if server {
             server_pattern(v, region)
         } else {
             pattern(v, region)
@@ -713,6 +724,10 @@ pub fn perf(ep: &mut Endpoint, o: &PerfOpts) -> Result<PerfOutcome, String> {
                         post_server_recvs(&mut ep.rnic, &o3, &s, qi, RX_DEPTH)?;
                     }
                 }
+                if test == PerftestTest::SendLat {
+                    // Both ends receive; posted before the sync so that no first SEND meets RNR.
+                    post_server_recvs(&mut ep.rnic, &o3, &s, 0, 2)?;
+                }
                 Ok(())
             })
         })
@@ -720,12 +735,28 @@ pub fn perf(ep: &mut Endpoint, o: &PerfOpts) -> Result<PerfOutcome, String> {
     })
     .map_err(|e| e.to_string())?;
     let (rem, mut conn) = rem;
-    if test == PerftestTest::SendBw {
+    if matches!(test, PerftestTest::SendBw | PerftestTest::SendLat) {
         let my0 = my[0];
         conn = serve(ep, move |_| conn.sync(&my0).map(|_| conn)).map_err(|e| e.to_string())?;
     }
     let mut lines = Vec::new();
     let peer_version = neg.remote_version.clone();
+    if o.lat {
+        let rep = run_lat(ep, o, &setup, &rem, mtu, server)?;
+        let my0 = my[0];
+        if server && matches!(test, PerftestTest::ReadLat | PerftestTest::AtomicLat) {
+            // A passive server waits for the client's whole run in the closing exchange.
+            conn.set_io_timeout(None);
+        }
+        serve(ep, move |_| conn.finish(test, &my0, &BwReport::default()))
+            .map_err(|e| e.to_string())?;
+        return Ok(PerfOutcome {
+            report: rep,
+            peer_version,
+            mtu: mtu.bytes(),
+            lines,
+        });
+    }
     if server {
         let report = if test == PerftestTest::SendBw {
             let got = serve_send(ep, o, &setup)?;
@@ -1056,4 +1087,252 @@ fn verify(
         }
     }
     Ok((true, String::new()))
+}
+
+/// perftest's latency tests. WRITE: each end writes its counter into the last byte of the
+/// peer's region and waits for the peer's counter in its own (ib_write_lat); SEND: a ping-pong
+/// of SENDs (ib_send_lat); READ and atomics: the client times each operation alone, the server
+/// is passive (ib_read_lat, ib_atomic_lat). WRITE and SEND report half the round trip, as
+/// perftest does. Returns the figures on the ends that measure.
+fn run_lat(
+    ep: &mut Endpoint,
+    o: &PerfOpts,
+    s: &PerfSetup,
+    rem: &[PerftestDest],
+    mtu: Mtu,
+    server: bool,
+) -> Result<Option<Report>, String> {
+    use crate::perf::Test;
+    let q = s.qps[0];
+    let region = o.region();
+    let d = rem[0];
+    let recv_area = s.mr.addr + q.off as u64;
+    let send_off = o.qps * region + q.off;
+    let send_area = s.mr.addr + send_off as u64;
+    let size = o.size;
+    let passive = server && matches!(o.test, Test::Read | Test::Atomic { .. });
+    if passive {
+        return Ok(None);
+    }
+    let mut wcs = Vec::new();
+    let mut lat = Vec::with_capacity(o.iters as usize);
+    let deadline = Duration::from_secs(30);
+    let c0 = ep.rnic.counters();
+    let start = Instant::now();
+    // Waits for `n` completions on the CQ; the first error ends the run.
+    let mut wait_wcs = |ep: &mut Endpoint, n: usize, what: &str| -> Result<(), String> {
+        let mut got = 0;
+        let t = Instant::now();
+        while got < n {
+            wcs.clear();
+            got += ep.rnic.poll_cq_into(s.cq, n - got, &mut wcs);
+            if let Some(w) = wcs.iter().find(|w| w.status != WcStatus::Success) {
+                return Err(format!("{what}: {:?}", w.status));
+            }
+            if got < n {
+                let w = ep.engine.poll(&mut ep.rnic);
+                ep.engine.idle(w);
+                if t.elapsed() > deadline {
+                    return Err(format!("{what}: no completion for 30 s"));
+                }
+            }
+        }
+        Ok(())
+    };
+    let recv = |ep: &mut Endpoint| {
+        ep.rnic.post_recv(
+            q.qpn,
+            RecvWr {
+                wr_id: 0,
+                sg_list: vec![Sge {
+                    addr: recv_area,
+                    length: size as u32,
+                    lkey: s.mr.lkey,
+                }],
+            },
+        )
+    };
+    match o.test {
+        Test::Write => {
+            let (mut scnt, mut rcnt) = (0u64, 0u64);
+            let mut t_send = Instant::now();
+            while scnt < o.iters || rcnt < o.iters {
+                if rcnt < o.iters && (server || scnt >= 1) {
+                    rcnt += 1;
+                    let want = rcnt as u8;
+                    let t = Instant::now();
+                    loop {
+                        let b = ep.rnic.mr_bytes(s.mr.lkey).expect("registered")[q.off + size - 1];
+                        if b == want {
+                            break;
+                        }
+                        ep.engine.poll(&mut ep.rnic);
+                        if t.elapsed() > deadline {
+                            return Err(format!("write_lat: message {rcnt} never arrived"));
+                        }
+                    }
+                    if !server {
+                        lat.push(t_send.elapsed().as_secs_f64() * 1e6 / 2.0);
+                    }
+                }
+                if scnt < o.iters {
+                    scnt += 1;
+                    ep.rnic.mr_bytes_mut(s.mr.lkey).expect("registered")[send_off + size - 1] =
+                        scnt as u8;
+                    t_send = Instant::now();
+                    ep.rnic
+                        .post_send(
+                            q.qpn,
+                            SendWr::new(
+                                0,
+                                WrOpcode::RdmaWrite {
+                                    remote_addr: d.vaddr,
+                                    rkey: d.rkey,
+                                },
+                                vec![Sge {
+                                    addr: send_area,
+                                    length: size as u32,
+                                    lkey: s.mr.lkey,
+                                }],
+                            ),
+                        )
+                        .map_err(verr)?;
+                    wait_wcs(ep, 1, "write_lat send")?;
+                }
+            }
+        }
+        Test::Send => {
+            let (mut scnt, mut rcnt) = (0u64, 0u64);
+            let mut t_send = Instant::now();
+            let send = |ep: &mut Endpoint, t: &mut Instant| -> Result<(), String> {
+                *t = Instant::now();
+                ep.rnic
+                    .post_send(
+                        q.qpn,
+                        SendWr::new(
+                            1,
+                            WrOpcode::Send,
+                            vec![Sge {
+                                addr: send_area,
+                                length: size as u32,
+                                lkey: s.mr.lkey,
+                            }],
+                        ),
+                    )
+                    .map_err(verr)
+            };
+            if !server {
+                send(ep, &mut t_send)?;
+                scnt += 1;
+            }
+            // Completions in any order: receives (wr_id 0) and sends (wr_id 1).
+            let mut sends_done = 0u64;
+            let t0 = Instant::now();
+            while rcnt < o.iters || sends_done < scnt {
+                let w = ep.engine.poll(&mut ep.rnic);
+                wcs.clear();
+                if ep.rnic.poll_cq_into(s.cq, 4, &mut wcs) == 0 {
+                    ep.engine.idle(w);
+                    if t0.elapsed() > deadline * 4 {
+                        return Err(format!("send_lat: stalled after {rcnt} messages"));
+                    }
+                    continue;
+                }
+                for wc in wcs.clone() {
+                    if wc.status != WcStatus::Success {
+                        return Err(format!("send_lat: {:?}", wc.status));
+                    }
+                    if wc.wr_id == 1 {
+                        sends_done += 1;
+                        continue;
+                    }
+                    rcnt += 1;
+                    recv(ep).map_err(verr)?;
+                    if !server {
+                        lat.push(t_send.elapsed().as_secs_f64() * 1e6 / 2.0);
+                    }
+                    if scnt < o.iters {
+                        send(ep, &mut t_send)?;
+                        scnt += 1;
+                    }
+                }
+            }
+        }
+        Test::Read | Test::Atomic { .. } => {
+            for _ in 0..o.iters {
+                let (op, len) = match o.test {
+                    Test::Read => (
+                        WrOpcode::RdmaRead {
+                            remote_addr: d.vaddr,
+                            rkey: d.rkey,
+                        },
+                        size,
+                    ),
+                    Test::Atomic { cmp_swap: false } => (
+                        WrOpcode::AtomicFetchAdd {
+                            remote_addr: d.vaddr,
+                            rkey: d.rkey,
+                            add: 1,
+                        },
+                        8,
+                    ),
+                    _ => (
+                        WrOpcode::AtomicCmpSwap {
+                            remote_addr: d.vaddr,
+                            rkey: d.rkey,
+                            compare: 0,
+                            swap: 0,
+                        },
+                        8,
+                    ),
+                };
+                let t = Instant::now();
+                ep.rnic
+                    .post_send(
+                        q.qpn,
+                        SendWr::new(
+                            0,
+                            op,
+                            vec![Sge {
+                                addr: recv_area,
+                                length: len as u32,
+                                lkey: s.mr.lkey,
+                            }],
+                        ),
+                    )
+                    .map_err(verr)?;
+                wait_wcs(ep, 1, "read/atomic latency")?;
+                lat.push(t.elapsed().as_secs_f64() * 1e6);
+            }
+        }
+    }
+    // Let the last ACK leave before the closing exchange.
+    ep.engine
+        .run_until(&mut ep.rnic, Duration::from_millis(20), |_| false);
+    if server {
+        return Ok(None);
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    let c1 = ep.rnic.counters();
+    lat.sort_by(|a, b| a.total_cmp(b));
+    let n = lat.len() as u64;
+    Ok(Some(Report {
+        test: o.test.name(),
+        size: o.size,
+        iters: o.iters,
+        qps: 1,
+        mtu: mtu.bytes(),
+        seconds,
+        bytes: n * o.size as u64,
+        messages: n,
+        packets: (c1.tx_packets - c0.tx_packets) + (c1.rx_packets - c0.rx_packets),
+        gbps: n as f64 * o.size as f64 * 8.0 / seconds / 1e9,
+        mpps: n as f64 / seconds / 1e6,
+        retransmits: c1.retransmits - c0.retransmits,
+        naks: c1.naks_received - c0.naks_received,
+        rnr_naks: c1.rnr_naks_received - c0.rnr_naks_received,
+        timeouts: c1.local_ack_timeouts - c0.local_ack_timeouts,
+        lat_us: lat,
+        ..Default::default()
+    }))
 }
