@@ -1,6 +1,8 @@
 //! `--dev`, `--ip`, `--mac`: where an end of `rocemu pingpong` / `rocemu perf` meets the wire.
 use rocemu_emulator::engine::{Engine, IdleStrategy};
 use rocemu_emulator::port::af_packet::{AfPacketOptions, AfPacketPort, KernelGuard};
+use rocemu_emulator::port::impair::ImpairedPort;
+use rocemu_emulator::port::wire::Impairments;
 use rocemu_emulator::port::Port;
 use rocemu_emulator::rnic::{Rnic, RnicConfig};
 use rocemu_testbed::remote::Endpoint;
@@ -15,7 +17,13 @@ pub struct Opened {
 }
 
 /// Opens the datapath `dev` (`af_packet:IFACE` or `dpdk:'EAL ARGS'`) as address `ip`.
-pub fn open(dev: &str, ip: &str, mac: Option<&str>, pcap: Option<&Path>) -> Result<Opened, String> {
+pub fn open(
+    dev: &str,
+    ip: &str,
+    mac: Option<&str>,
+    pcap: Option<&Path>,
+    impair: Option<(Impairments, u64)>,
+) -> Result<Opened, String> {
     let ip: IpAddr = ip
         .parse()
         .map_err(|_| format!("--ip {ip}: not an IPv4 or IPv6 address"))?;
@@ -54,6 +62,10 @@ pub fn open(dev: &str, ip: &str, mac: Option<&str>, pcap: Option<&Path>) -> Resu
     let mut cfg = RnicConfig::new(mac, ip, seed);
     cfg.eth_mtu = port.mtu();
     let rnic = Rnic::new(cfg);
+    let port: Box<dyn Port + Send> = match impair {
+        Some((imp, seed)) if !imp.is_none() => Box::new(ImpairedPort::new(port, imp, seed)),
+        _ => port,
+    };
     let mut engine = Engine::new(port);
     // Like perftest and DPDK applications: spin, for the lowest latency (one core per end).
     engine.set_idle_strategy(IdleStrategy::BusyPoll);

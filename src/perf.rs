@@ -57,7 +57,8 @@ pub struct Args {
     /// The last line of stdout is one JSON object with the figures.
     #[arg(long)]
     json: bool,
-    /// Wire impairments (probabilities per frame, 0…1), deterministic from --seed.
+    /// Wire impairments (probabilities per frame, 0…1), deterministic from --seed. With --dev
+    /// they act on this end's frames, both ways.
     #[arg(long, default_value_t = 0.0)]
     loss: f64,
     #[arg(long, default_value_t = 0.0)]
@@ -286,11 +287,6 @@ fn run_remote(
     if a.lat && a.verify {
         return Err("--verify goes with the bandwidth tests".into());
     }
-    if a.loss + a.reorder + a.duplicate + a.corrupt > 0.0 {
-        return Err(
-            "--loss/--reorder/--duplicate/--corrupt impair the in-process wire only".into(),
-        );
-    }
     if a.verify && a.server.is_none() {
         return Err("--verify goes on the client (it checks its results through the wire)".into());
     }
@@ -300,7 +296,22 @@ fn run_remote(
     } else {
         1000
     });
-    let mut d = crate::datapath::open(dev, ip, a.mac.as_deref(), a.pcap.as_deref())?;
+    let mut d = crate::datapath::open(
+        dev,
+        ip,
+        a.mac.as_deref(),
+        a.pcap.as_deref(),
+        Some((
+            Impairments {
+                loss: a.loss,
+                reorder: a.reorder,
+                duplicate: a.duplicate,
+                corrupt: a.corrupt,
+                ..Impairments::default()
+            },
+            a.seed,
+        )),
+    )?;
     let o = rocemu_testbed::remote::PerfOpts {
         test,
         server: a.server.clone(),

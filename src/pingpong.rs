@@ -82,7 +82,7 @@ pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
     if a.iters == 0 {
         return Err("-n 0: at least one iteration".into());
     }
-    let mut d = datapath::open(&a.dev, &a.ip, a.mac.as_deref(), a.pcap.as_deref())?;
+    let mut d = datapath::open(&a.dev, &a.ip, a.mac.as_deref(), a.pcap.as_deref(), None)?;
     let o = PingpongOpts {
         server: a.server.clone(),
         port: a.port,

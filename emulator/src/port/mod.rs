@@ -9,6 +9,7 @@
 //! the datapath copies nothing. The callbacks are `dyn` so that the CLI can choose a port at run
 //! time; one indirect call per frame is noise next to a CRC pass over it.
 pub mod af_packet;
+pub mod impair;
 pub mod pipe;
 pub mod wire;
 
