@@ -26,6 +26,12 @@ enum Cmd {
     Perf(perf::Args),
     /// ibv_rc_pingpong on RoCEmu: same flags and TCP exchange, on --dev (af_packet or dpdk).
     Pingpong(pingpong::Args),
+    /// Linux rdma_rxe peers in QEMU VMs on a private bridge: up, down, exec, status, build.
+    #[command(disable_help_flag = true)]
+    Rxevm {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -35,6 +41,9 @@ fn main() -> ExitCode {
         Cmd::Demo(a) => demo::run(&a),
         Cmd::Perf(a) => perf::run(&a),
         Cmd::Pingpong(a) => pingpong::run(&a),
+        Cmd::Rxevm { args } => rocemu_testbed::rxevm::cli(&args)
+            .map(|c| ExitCode::from(c.clamp(0, 255) as u8))
+            .map_err(Into::into),
     };
     match r {
         Ok(code) => code,

@@ -1,5 +1,6 @@
-//! The testbed: `rocemu demo` (every verb over the in-process wire, then RC over a lossy one)
-//! and the perf harness behind `rocemu perf` (perftest's benchmarks on RoCEmu).
+//! The testbed: `rocemu demo` (every verb over the in-process wire, then RC over a lossy one),
+//! the perf harness behind `rocemu perf` (perftest's benchmarks on RoCEmu), and the rdma_rxe
+//! peer VMs for interop tests (`rxevm`).
 // Unsafe only where the kernel demands it (`netns`: setns).
 #![deny(unsafe_code)]
 
@@ -8,3 +9,4 @@ pub mod netns;
 pub mod oob;
 pub mod perf;
 pub mod remote;
+pub mod rxevm;
