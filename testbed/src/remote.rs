@@ -1157,7 +1157,8 @@ fn run_lat(
             let (mut scnt, mut rcnt) = (0u64, 0u64);
             let mut t_send = Instant::now();
             while scnt < o.iters || rcnt < o.iters {
-                if rcnt < o.iters && (server || scnt >= 1) {
+                // The server writes first (perftest's run_iter_lat_write).
+                if rcnt < o.iters && (!server || scnt >= 1) {
                     rcnt += 1;
                     let want = rcnt as u8;
                     let t = Instant::now();
@@ -1171,7 +1172,7 @@ fn run_lat(
                             return Err(format!("write_lat: message {rcnt} never arrived"));
                         }
                     }
-                    if !server {
+                    if !server && scnt > 0 {
                         lat.push(t_send.elapsed().as_secs_f64() * 1e6 / 2.0);
                     }
                 }
