@@ -246,3 +246,87 @@ fn a_storm_of_garbage_and_fake_arp_neither_stops_nor_fills_the_engine() {
         )
     );
 }
+
+mod hostile {
+    use super::*;
+    use proptest::prelude::*;
+    use rocemu_wire::nd::{self, NdRepr};
+
+    /// Valid ARP and neighbour-discovery frames for A's addresses, to be mutated.
+    fn seeds() -> Vec<Vec<u8>> {
+        let mut v = Vec::new();
+        let mut f = [0u8; 96];
+        let n = ArpRepr {
+            op: arp::OP_REQUEST,
+            sender_mac: MAC_B,
+            sender_ip: Ipv4Addr::new(10, 5, 0, 2),
+            target_mac: Mac([0; 6]),
+            target_ip: Ipv4Addr::new(10, 5, 0, 1),
+        }
+        .emit_frame(Mac::BROADCAST, &mut f);
+        v.push(f[..n].to_vec());
+        let target: std::net::Ipv6Addr = "fd00::1".parse().unwrap();
+        let dst = nd::solicited_node(target);
+        let n = NdRepr::Solicit {
+            target,
+            source_mac: Some(MAC_B),
+        }
+        .emit_frame(MAC_B, nd::multicast_mac(dst), "fd00::2".parse().unwrap(), dst, &mut f);
+        v.push(f[..n].to_vec());
+        let n = NdRepr::Advert {
+            router: false,
+            solicited: true,
+            override_: true,
+            target: "fd00::2".parse().unwrap(),
+            target_mac: Some(MAC_B),
+        }
+        .emit_frame(MAC_B, MAC_A, "fd00::2".parse().unwrap(), "fd00::1".parse().unwrap(), &mut f);
+        v.push(f[..n].to_vec());
+        v
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+        /// Whatever ARP/ND-shaped bytes arrive (flipped bytes, cut short, grown), the engine
+        /// neither panics nor stops answering an honest question.
+        #[test]
+        fn mutated_arp_and_nd_never_stop_the_engine(
+            which in 0usize..3,
+            flips in proptest::collection::vec((0usize..96, any::<u8>()), 0..8),
+            cut in 0usize..96,
+            extra in proptest::collection::vec(any::<u8>(), 0..16),
+        ) {
+            let (pa, mut pb) = pipe(MAC_A, MAC_B, 1500);
+            let mut ra = rnic(MAC_A, 1);
+            let mut ea = Engine::new(Box::new(pa));
+            let mut f = seeds()[which].clone();
+            for (i, b) in flips {
+                if let Some(x) = f.get_mut(i) {
+                    *x ^= b;
+                }
+            }
+            f.truncate(cut.max(1));
+            f.extend_from_slice(&extra);
+            pb.tx_burst(1, &mut |b| {
+                b[..f.len()].copy_from_slice(&f);
+                Some(f.len())
+            });
+            ea.poll(&mut ra);
+            pb.rx_burst(usize::MAX, &mut |_| {});
+            // An honest request still gets its answer.
+            let q = seeds()[0].clone();
+            pb.tx_burst(1, &mut |b| {
+                b[..q.len()].copy_from_slice(&q);
+                Some(q.len())
+            });
+            ea.poll(&mut ra);
+            let mut answers = 0;
+            pb.rx_burst(usize::MAX, &mut |fr| {
+                if fr.len() >= 42 && fr[12..14] == [8, 6] && fr[21] == 2 {
+                    answers += 1;
+                }
+            });
+            prop_assert_eq!(answers, 1);
+        }
+    }
+}
