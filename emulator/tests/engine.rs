@@ -271,7 +271,13 @@ mod hostile {
             target,
             source_mac: Some(MAC_B),
         }
-        .emit_frame(MAC_B, nd::multicast_mac(dst), "fd00::2".parse().unwrap(), dst, &mut f);
+        .emit_frame(
+            MAC_B,
+            nd::multicast_mac(dst),
+            "fd00::2".parse().unwrap(),
+            dst,
+            &mut f,
+        );
         v.push(f[..n].to_vec());
         let n = NdRepr::Advert {
             router: false,
@@ -280,7 +286,13 @@ mod hostile {
             target: "fd00::2".parse().unwrap(),
             target_mac: Some(MAC_B),
         }
-        .emit_frame(MAC_B, MAC_A, "fd00::2".parse().unwrap(), "fd00::1".parse().unwrap(), &mut f);
+        .emit_frame(
+            MAC_B,
+            MAC_A,
+            "fd00::2".parse().unwrap(),
+            "fd00::1".parse().unwrap(),
+            &mut f,
+        );
         v.push(f[..n].to_vec());
         v
     }
