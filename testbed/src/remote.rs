@@ -922,7 +922,7 @@ fn run_client(
                     local
                 };
                 ep.rnic
-                    .post_send(q.qpn, SendWr::new(qi as u64, opcode, vec![local]))
+                    .post_send(q.qpn, SendWr::new(qi as u64, opcode, [local]))
                     .map_err(verr)?;
                 posted[qi] += 1;
                 outstanding[qi] += 1;
