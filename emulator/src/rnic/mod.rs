@@ -200,6 +200,8 @@ pub struct Rnic {
     pub(crate) dev: Dev,
     pub(crate) qps: Vec<Option<Qp>>,
     qpn_map: QpnMap,
+    /// The slot of QP1, the general services interface, when one was created.
+    gsi: Option<usize>,
     live_qps: usize,
     tx_sched: VecDeque<usize>,
     /// Packets the QP at the head of the schedule may still send before the next QP's turn.
@@ -251,6 +253,7 @@ impl Rnic {
             },
             qps: Vec::new(),
             qpn_map: QpnMap::new(&mut rng_for_qpns),
+            gsi: None,
             live_qps: 0,
             tx_sched: VecDeque::new(),
             burst_left: TX_BURST,
@@ -393,6 +396,52 @@ impl Rnic {
 
     /// `ibv_create_qp`. The QPN is drawn at random (never 0 or 1, which are reserved).
     pub fn create_qp(&mut self, pd: PdId, init: QpInitAttr) -> Result<Qpn, VerbsError> {
+        self.check_qp_init(pd, &init)?;
+        // The QPN is the slot's image under a keyed permutation of the 24-bit space: it looks
+        // random (QPNs must not be guessable) and maps back to its slot without a hash lookup.
+        // Slots whose image is QP0 or QP1 (reserved) stay empty.
+        let qpn = loop {
+            let slot = self.qps.len() as u32;
+            if slot >= 1 << 24 {
+                return Err(VerbsError::NoSpace("QPN space exhausted"));
+            }
+            let q = self.qpn_map.encode(slot);
+            if q > 1 {
+                break Qpn::new(q);
+            }
+            self.qps.push(None);
+        };
+        self.qps.push(Some(Qp::new(qpn, pd, &init)));
+        self.live_qps += 1;
+        Ok(qpn)
+    }
+
+    /// QP1, the general services interface (IBTA 13.5.1): a UD QP where management datagrams
+    /// arrive (the IB CM's, for `rdma_cm`). Its Q_Key is the well-known 0x80010000, set as any UD
+    /// QP's at INIT. One per device.
+    pub fn create_gsi_qp(&mut self, pd: PdId, init: QpInitAttr) -> Result<Qpn, VerbsError> {
+        if init.qp_type != QpType::Ud {
+            return invalid("QP1 is a UD QP");
+        }
+        if self
+            .gsi
+            .is_some_and(|s| matches!(self.qps.get(s), Some(Some(_))))
+        {
+            return Err(VerbsError::NoSpace("QP1 exists already"));
+        }
+        self.check_qp_init(pd, &init)?;
+        let slot = self.qps.len();
+        if slot >= 1 << 24 {
+            return Err(VerbsError::NoSpace("QPN space exhausted"));
+        }
+        let qpn = Qpn::new(1);
+        self.qps.push(Some(Qp::new(qpn, pd, &init)));
+        self.gsi = Some(slot);
+        self.live_qps += 1;
+        Ok(qpn)
+    }
+
+    fn check_qp_init(&self, pd: PdId, init: &QpInitAttr) -> Result<(), VerbsError> {
         if !self.dev.mem.pd_valid(pd) {
             return Err(VerbsError::NotFound("protection domain"));
         }
@@ -417,26 +466,15 @@ impl Rnic {
         if self.live_qps >= self.attr.max_qp as usize {
             return Err(VerbsError::NoSpace("max_qp reached"));
         }
-        // The QPN is the slot's image under a keyed permutation of the 24-bit space: it looks
-        // random (QPNs must not be guessable) and maps back to its slot without a hash lookup.
-        // Slots whose image is QP0 or QP1 (reserved) stay empty.
-        let qpn = loop {
-            let slot = self.qps.len() as u32;
-            if slot >= 1 << 24 {
-                return Err(VerbsError::NoSpace("QPN space exhausted"));
-            }
-            let q = self.qpn_map.encode(slot);
-            if q > 1 {
-                break Qpn::new(q);
-            }
-            self.qps.push(None);
-        };
-        self.qps.push(Some(Qp::new(qpn, pd, &init)));
-        self.live_qps += 1;
-        Ok(qpn)
+        Ok(())
     }
 
     fn slot_of(&self, qpn: Qpn) -> Option<usize> {
+        if qpn.value() == 1 {
+            return self
+                .gsi
+                .filter(|&s| matches!(self.qps.get(s), Some(Some(_))));
+        }
         let s = self.qpn_map.decode(qpn.value()) as usize;
         match self.qps.get(s) {
             Some(Some(q)) if q.qpn == qpn => Some(s),
