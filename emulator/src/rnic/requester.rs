@@ -35,15 +35,21 @@ pub(crate) fn wc_for(qp: &Qp, w: &SendWqe, status: WcStatus) -> Wc {
 
 /// Completes the front WQE successfully: a CQE when signaled.
 pub(crate) fn complete_front(dev: &mut Dev, qp: &mut Qp) {
-    if let Some(w) = qp.sq.pop_front() {
-        if w.rd_counted {
-            qp.rd_outstanding = qp.rd_outstanding.saturating_sub(1);
-        }
-        qp.sq_next = qp.sq_next.saturating_sub(1);
-        if w.signaled {
-            let wc = wc_for(qp, &w, WcStatus::Success);
-            dev.push_wc(qp.send_cq, wc);
-        }
+    let Some(w) = qp.sq.front() else {
+        return;
+    };
+    let (rd_counted, wc) = (
+        w.rd_counted,
+        w.signaled.then(|| wc_for(qp, w, WcStatus::Success)),
+    );
+    // Dropped where it lies: popping would copy the whole WQE out first.
+    qp.sq.drain(..1);
+    if rd_counted {
+        qp.rd_outstanding = qp.rd_outstanding.saturating_sub(1);
+    }
+    qp.sq_next = qp.sq_next.saturating_sub(1);
+    if let Some(wc) = wc {
+        dev.push_wc(qp.send_cq, wc);
     }
 }
 
