@@ -16,6 +16,7 @@
 
 pub mod arp;
 pub mod capture;
+pub mod cm;
 mod error;
 pub mod eth;
 pub mod frame;
@@ -24,15 +25,18 @@ pub mod fuzzing;
 pub mod headers;
 pub mod icrc;
 pub mod ip;
+pub mod mad;
 pub mod nd;
 pub mod opcode;
 pub mod types;
 
+pub use cm::{CmMadRepr, CmMessage, CmaHdr};
 pub use error::{BuildError, Error, Layer};
 pub use frame::{
     flow_label_for, icrc_ok_in_place, parse_frame, udp_sport_for_flow, udp_sport_for_qpn,
     FrameRepr, IpRepr, ParsedFrame, ROCEV2_UDP_PORT,
 };
+pub use mad::{MadError, MadRepr};
 pub use headers::{
     AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, ExtHeaders, FethRepr, RethRepr,
 };
