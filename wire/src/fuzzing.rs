@@ -37,3 +37,19 @@ pub fn parse_frame_target(data: &[u8]) {
         assert_eq!(&buf[..n], &data[..n], "rebuild differs");
     }
 }
+
+/// Any bytes as a CM MAD (and as rdma_cm private data): a value or an error, never a panic; a
+/// MAD that parses rebuilds into the same 256 bytes.
+pub fn cm_mad_target(data: &[u8]) {
+    let _ = crate::cm::CmaHdr::parse(data).map(|h| (h.src(), h.dst_ip()));
+    let _ = crate::mad::MadRepr::parse(data);
+    let Ok(m) = crate::cm::CmMadRepr::parse(data) else {
+        return;
+    };
+    let mut buf = [0u8; crate::mad::MAD_LEN];
+    m.emit(&mut buf).expect("a 256-byte buffer holds a MAD");
+    assert_eq!(&buf[..], data, "rebuild differs");
+    if let crate::cm::CmMessage::Req(r) = m.msg {
+        let _ = r.cma_hdr();
+    }
+}

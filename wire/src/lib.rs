@@ -36,9 +36,9 @@ pub use frame::{
     flow_label_for, icrc_ok_in_place, parse_frame, udp_sport_for_flow, udp_sport_for_qpn,
     FrameRepr, IpRepr, ParsedFrame, ROCEV2_UDP_PORT,
 };
-pub use mad::{MadError, MadRepr};
 pub use headers::{
     AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, ExtHeaders, FethRepr, RethRepr,
 };
+pub use mad::{MadError, MadRepr};
 pub use opcode::{Opcode, OpcodeInfo, Position, Transport};
 pub use types::{Msn, NakCode, PKey, Psn, QKey, Qpn, RKey, Syndrome, SyndromeKind};

@@ -19,7 +19,7 @@ fn frames(path: &Path) -> Vec<Vec<u8>> {
 
 fn all_captures() -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = Vec::new();
-    for d in [data(), data().join("rxe")] {
+    for d in [data(), data().join("rxe"), data().join("cm")] {
         for e in std::fs::read_dir(d).unwrap() {
             let p = e.unwrap().path();
             if p.extension().is_some_and(|x| x == "pcap") {
