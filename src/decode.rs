@@ -294,6 +294,9 @@ pub fn frame_line(number: usize, d: &Decoded<'_>) -> String {
     if !p.payload.is_empty() || b.opcode.info().has_payload() {
         let _ = write!(s, " {}B", p.payload.len());
     }
+    if let Some(m) = rocemu_wire::mad::gsi_payload(p) {
+        cm_summary(&mut s, m);
+    }
     if b.pad != 0 {
         let _ = write!(s, " pad={}", b.pad);
     }
@@ -311,4 +314,78 @@ pub fn frame_line(number: usize, d: &Decoded<'_>) -> String {
         s.push_str(" ipv4-checksum BAD");
     }
     s
+}
+
+/// A short description of an IB CM MAD on QP1 (text output only; the JSON keys are the contract's).
+fn cm_summary(s: &mut String, mad: &[u8]) {
+    use rocemu_wire::cm::{CmMadRepr, CmMessage};
+    let Ok(m) = CmMadRepr::parse(mad) else {
+        s.push_str(" mad(not a CM message)");
+        return;
+    };
+    let _ = write!(s, " cm {} tid=0x{:x}", m.msg.name(), m.mad.tid.value());
+    match m.msg {
+        CmMessage::Req(r) => {
+            let _ = write!(
+                s,
+                " comm={} sid={} qpn=0x{:06x} psn={} mtu={}",
+                r.local_comm_id,
+                r.service_id,
+                r.local_qpn.value(),
+                r.starting_psn.value(),
+                r.path_mtu
+            );
+            if let Some(Ok(h)) = r.cma_hdr() {
+                let _ = write!(s, " cma={}→{}", h.src(), h.dst_ip());
+            }
+        }
+        CmMessage::Rep(r) => {
+            let _ = write!(
+                s,
+                " comm={} remote={} qpn=0x{:06x} psn={}",
+                r.local_comm_id,
+                r.remote_comm_id,
+                r.local_qpn.value(),
+                r.starting_psn.value()
+            );
+        }
+        CmMessage::Rej(r) => {
+            let _ = write!(
+                s,
+                " comm={} remote={} {}",
+                r.local_comm_id, r.remote_comm_id, r.reason
+            );
+        }
+        CmMessage::Mra(r) => {
+            let _ = write!(
+                s,
+                " comm={} remote={} service_timeout={}",
+                r.local_comm_id, r.remote_comm_id, r.service_timeout
+            );
+        }
+        CmMessage::Rtu(r) | CmMessage::Drep(r) => {
+            let _ = write!(s, " comm={} remote={}", r.local_comm_id, r.remote_comm_id);
+        }
+        CmMessage::Dreq(r) => {
+            let _ = write!(
+                s,
+                " comm={} remote={} qpn=0x{:06x}",
+                r.local_comm_id,
+                r.remote_comm_id,
+                r.remote_qpn.value()
+            );
+        }
+        CmMessage::SidrReq(r) => {
+            let _ = write!(s, " req={} sid={}", r.request_id, r.service_id);
+        }
+        CmMessage::SidrRep(r) => {
+            let _ = write!(
+                s,
+                " req={} status={} qpn=0x{:06x}",
+                r.request_id,
+                r.status.0,
+                r.qpn.value()
+            );
+        }
+    }
 }
