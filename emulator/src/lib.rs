@@ -11,6 +11,7 @@
 #![deny(unsafe_code)]
 
 pub mod api;
+pub mod cm;
 pub mod engine;
 #[doc(hidden)]
 pub mod fuzzing;
