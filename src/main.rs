@@ -7,6 +7,7 @@ mod decode;
 mod demo;
 mod perf;
 mod pingpong;
+mod rping;
 
 #[derive(Parser, Debug)]
 #[command(name = "rocemu", version, about = "RoCEmu: a software RoCEv2 NIC")]
@@ -26,6 +27,8 @@ enum Cmd {
     Perf(perf::Args),
     /// ibv_rc_pingpong on RoCEmu: same flags and TCP exchange, on --dev (af_packet or dpdk).
     Pingpong(pingpong::Args),
+    /// librdmacm's rping on RoCEmu: connects through the IB CM (rdma_cm), on --dev.
+    Rping(rping::Args),
     /// Linux rdma_rxe peers in QEMU VMs on a private bridge: up, down, exec, status, build.
     #[command(disable_help_flag = true)]
     Rxevm {
@@ -41,6 +44,7 @@ fn main() -> ExitCode {
         Cmd::Demo(a) => demo::run(&a),
         Cmd::Perf(a) => perf::run(&a),
         Cmd::Pingpong(a) => pingpong::run(&a),
+        Cmd::Rping(a) => rping::run(&a),
         Cmd::Rxevm { args } => rocemu_testbed::rxevm::cli(&args)
             .map(|c| ExitCode::from(c.clamp(0, 255) as u8))
             .map_err(Into::into),

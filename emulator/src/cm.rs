@@ -77,6 +77,8 @@ pub enum CmEvent {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConnParams {
     pub qpn: Qpn,
+    /// The Starting PSN this end announces: the PSN it expects to receive first, which the peer
+    /// sends from (how Linux fills REQ and REP; `wire/tests/data/cm/rping.pcap`).
     pub psn: Psn,
     /// `enum ibv_mtu` (1 = 256 … 5 = 4096).
     pub path_mtu: u8,

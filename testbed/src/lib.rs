@@ -9,4 +9,5 @@ pub mod netns;
 pub mod oob;
 pub mod perf;
 pub mod remote;
+pub mod rping;
 pub mod rxevm;
