@@ -41,6 +41,15 @@ pub struct Args {
     /// This end's MAC (default: the port's).
     #[arg(long)]
     mac: Option<String>,
+    /// Impairments on this end's frames, both ways (probabilities 0…1, seeded by --seed).
+    #[arg(long, default_value_t = 0.0)]
+    loss: f64,
+    #[arg(long, default_value_t = 0.0)]
+    reorder: f64,
+    #[arg(long, default_value_t = 0.0)]
+    duplicate: f64,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
     /// Record every frame sent and received.
     #[arg(long)]
     pcap: Option<std::path::PathBuf>,
@@ -59,7 +68,28 @@ pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
     } else {
         None
     };
-    let mut d = datapath::open(&a.dev, &a.ip, a.mac.as_deref(), a.pcap.as_deref(), None)?;
+    for (n, p) in [
+        ("loss", a.loss),
+        ("reorder", a.reorder),
+        ("duplicate", a.duplicate),
+    ] {
+        if !(0.0..=1.0).contains(&p) {
+            return Err(format!("--{n} {p}: a probability is between 0 and 1").into());
+        }
+    }
+    let imp = rocemu_emulator::port::wire::Impairments {
+        loss: a.loss,
+        reorder: a.reorder,
+        duplicate: a.duplicate,
+        ..Default::default()
+    };
+    let mut d = datapath::open(
+        &a.dev,
+        &a.ip,
+        a.mac.as_deref(),
+        a.pcap.as_deref(),
+        Some((imp, a.seed)),
+    )?;
     let o = RpingOpts {
         server,
         port: a.port,
@@ -76,6 +106,13 @@ pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
     d.ep.engine.finish_recording()?;
     for l in r? {
         println!("{l}");
+    }
+    let c = d.ep.rnic.counters();
+    if imp.loss + imp.reorder + imp.duplicate > 0.0 {
+        println!(
+            "retransmitted {} packets, {} NAKs received, {} local ACK timeouts",
+            c.retransmits, c.naks_received, c.local_ack_timeouts
+        );
     }
     Ok(ExitCode::SUCCESS)
 }
