@@ -10,6 +10,50 @@ use rocemu_wire::eth::Mac;
 use std::net::IpAddr;
 use std::path::Path;
 
+/// Seeded impairments of frames, per frame and direction: on the in-process wire, or on this
+/// end's side of a real datapath.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ImpairArgs {
+    /// Probability (0…1) that a frame is lost.
+    #[arg(long, default_value_t = 0.0)]
+    pub loss: f64,
+    /// Probability that a frame is held back and overtaken.
+    #[arg(long, default_value_t = 0.0)]
+    pub reorder: f64,
+    /// Probability that a frame is delivered twice.
+    #[arg(long, default_value_t = 0.0)]
+    pub duplicate: f64,
+    /// Probability that a frame has a bit flipped.
+    #[arg(long, default_value_t = 0.0)]
+    pub corrupt: f64,
+    /// Seeds the impairments (and the in-process run).
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+}
+
+impl ImpairArgs {
+    /// The impairments, once every probability is checked.
+    pub fn get(&self) -> Result<Impairments, String> {
+        for (n, p) in [
+            ("loss", self.loss),
+            ("reorder", self.reorder),
+            ("duplicate", self.duplicate),
+            ("corrupt", self.corrupt),
+        ] {
+            if !(0.0..=1.0).contains(&p) {
+                return Err(format!("--{n} {p}: a probability is between 0 and 1"));
+            }
+        }
+        Ok(Impairments {
+            loss: self.loss,
+            reorder: self.reorder,
+            duplicate: self.duplicate,
+            corrupt: self.corrupt,
+            ..Impairments::default()
+        })
+    }
+}
+
 /// An endpoint and what must live as long as it.
 pub struct Opened {
     pub ep: Endpoint,

@@ -57,18 +57,10 @@ pub struct Args {
     /// The last line of stdout is one JSON object with the figures.
     #[arg(long)]
     json: bool,
-    /// Wire impairments (probabilities per frame, 0…1), deterministic from --seed. With --dev
-    /// they act on this end's frames, both ways.
-    #[arg(long, default_value_t = 0.0)]
-    loss: f64,
-    #[arg(long, default_value_t = 0.0)]
-    reorder: f64,
-    #[arg(long, default_value_t = 0.0)]
-    duplicate: f64,
-    #[arg(long, default_value_t = 0.0)]
-    corrupt: f64,
-    #[arg(long, default_value_t = 1)]
-    seed: u64,
+    /// Wire impairments, deterministic from --seed. With --dev they act on this end's frames,
+    /// both ways.
+    #[command(flatten)]
+    imp: crate::datapath::ImpairArgs,
     /// Local ACK timeout exponent: 4.096 µs × 2^N (perftest's -u).
     #[arg(short = 'u', long = "qp-timeout", default_value_t = 14)]
     qp_timeout: u8,
@@ -89,13 +81,6 @@ pub struct Args {
     port: u16,
 }
 
-fn check_prob(name: &str, p: f64) -> Result<(), String> {
-    if !(0.0..=1.0).contains(&p) {
-        return Err(format!("--{name} {p}: a probability is between 0 and 1"));
-    }
-    Ok(())
-}
-
 pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
     if a.dev.is_none() && (a.server.is_some() || a.ip.is_some() || a.mac.is_some()) {
         return Err(
@@ -106,14 +91,7 @@ pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
     }
     let mtu = Mtu::from_bytes(a.mtu)
         .ok_or_else(|| format!("-m {}: the path MTU is 256, 512, 1024, 2048 or 4096", a.mtu))?;
-    for (n, p) in [
-        ("loss", a.loss),
-        ("reorder", a.reorder),
-        ("duplicate", a.duplicate),
-        ("corrupt", a.corrupt),
-    ] {
-        check_prob(n, p)?;
-    }
+    let wire_imp = a.imp.get()?;
     if a.qps == 0 || a.qps > 1 << 16 {
         return Err(format!("-q {}: between 1 and 65536 QPs", a.qps).into());
     }
@@ -149,12 +127,9 @@ pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
         return run_remote(a, dev, test, size, mtu);
     }
     let imp = Impairments {
-        loss: a.loss,
-        reorder: a.reorder,
-        duplicate: a.duplicate,
-        corrupt: a.corrupt,
         delay: Nanos::ZERO,
         reorder_delay: Nanos::from_micros(20),
+        ..wire_imp
     };
     let sizes: Vec<usize> = if a.all && !atomic {
         (1..=23).map(|e| 1usize << e).collect()
@@ -185,7 +160,7 @@ pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
     if imp.loss + imp.reorder + imp.duplicate + imp.corrupt > 0.0 {
         println!(
             " Impairments    : loss {} reorder {} duplicate {} corrupt {} (seed {})",
-            a.loss, a.reorder, a.duplicate, a.corrupt, a.seed
+            a.imp.loss, a.imp.reorder, a.imp.duplicate, a.imp.corrupt, a.imp.seed
         );
     }
     println!("{rule}");
@@ -209,7 +184,7 @@ pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
             verify: a.verify,
             lat: a.lat,
             imp,
-            seed: a.seed,
+            seed: a.imp.seed,
             qp_timeout: a.qp_timeout,
         };
         let r = if a.lat {
@@ -228,34 +203,10 @@ pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
         reports.push(r);
     }
     println!("{rule}");
-    let mut ok = true;
-    for r in &reports {
-        if r.errors > 0 {
-            println!(
-                " {} error completions; the first: {}",
-                r.errors,
-                r.first_error.as_deref().unwrap_or("?")
-            );
-            ok = false;
-        }
-        match r.verified {
-            Some(true) => println!(" verify: every byte checked through the wire: ok"),
-            Some(false) => {
-                println!(" verify: FAILED: {}", r.verify_detail);
-                ok = false;
-            }
-            None => {}
-        }
-    }
+    // Every run reports its errors, not only the first failing one.
+    let ok = reports.iter().map(checked).filter(|ok| !ok).count() == 0;
     if let Some(r) = reports.last() {
-        println!(
-            " limit (copy + 2 CRC passes + copy, one thread): {:.2} Gb/s; ratio to limit {:.3}; retransmits {} naks {} timeouts {}",
-            r.limit_gbps,
-            r.ratio_to_limit(),
-            r.retransmits,
-            r.naks,
-            r.timeouts
-        );
+        print_limit(r);
         if a.json {
             println!("{}", r.to_json());
         }
@@ -301,16 +252,7 @@ fn run_remote(
         ip,
         a.mac.as_deref(),
         a.pcap.as_deref(),
-        Some((
-            Impairments {
-                loss: a.loss,
-                reorder: a.reorder,
-                duplicate: a.duplicate,
-                corrupt: a.corrupt,
-                ..Impairments::default()
-            },
-            a.seed,
-        )),
+        Some((a.imp.get()?, a.imp.seed)),
     )?;
     let o = rocemu_testbed::remote::PerfOpts {
         test,
@@ -367,31 +309,9 @@ fn run_remote(
             println!("{}", perf::bw_line(r, a.report_gbits));
         }
         println!("{rule}");
-        if r.errors > 0 {
-            println!(
-                " {} error completions; the first: {}",
-                r.errors,
-                r.first_error.as_deref().unwrap_or("?")
-            );
-            ok = false;
-        }
-        match r.verified {
-            Some(true) => println!(" verify: every byte checked through the wire: ok"),
-            Some(false) => {
-                println!(" verify: FAILED: {}", r.verify_detail);
-                ok = false;
-            }
-            None => {}
-        }
+        ok = checked(r);
         if a.server.is_some() && !a.lat {
-            println!(
-                " limit (copy + 2 CRC passes + copy, one thread): {:.2} Gb/s; ratio to limit {:.3}; retransmits {} naks {} timeouts {}",
-                r.limit_gbps,
-                r.ratio_to_limit(),
-                r.retransmits,
-                r.naks,
-                r.timeouts
-            );
+            print_limit(r);
         }
         if a.json {
             println!("{}", r.to_json());
@@ -402,4 +322,37 @@ fn run_remote(
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// Prints a run's error completions and its verification; true when neither failed.
+fn checked(r: &Report) -> bool {
+    let mut ok = true;
+    if r.errors > 0 {
+        println!(
+            " {} error completions; the first: {}",
+            r.errors,
+            r.first_error.as_deref().unwrap_or("?")
+        );
+        ok = false;
+    }
+    match r.verified {
+        Some(true) => println!(" verify: every byte checked through the wire: ok"),
+        Some(false) => {
+            println!(" verify: FAILED: {}", r.verify_detail);
+            ok = false;
+        }
+        None => {}
+    }
+    ok
+}
+
+fn print_limit(r: &Report) {
+    println!(
+        " limit (copy + 2 CRC passes + copy, one thread): {:.2} Gb/s; ratio to limit {:.3}; retransmits {} naks {} timeouts {}",
+        r.limit_gbps,
+        r.ratio_to_limit(),
+        r.retransmits,
+        r.naks,
+        r.timeouts
+    );
 }

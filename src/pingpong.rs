@@ -60,16 +60,10 @@ pub struct Args {
     /// This end's MAC (default: the port's).
     #[arg(long)]
     mac: Option<String>,
-    /// Impairments on this end's frames, both ways (probabilities 0…1, seeded by --seed): to
-    /// watch recovery against a real peer. Not in ibv_rc_pingpong.
-    #[arg(long, default_value_t = 0.0)]
-    loss: f64,
-    #[arg(long, default_value_t = 0.0)]
-    reorder: f64,
-    #[arg(long, default_value_t = 0.0)]
-    duplicate: f64,
-    #[arg(long, default_value_t = 1)]
-    seed: u64,
+    /// Impairments on this end's frames, both ways (not in the real tool): to watch recovery
+    /// against a real peer.
+    #[command(flatten)]
+    imp: datapath::ImpairArgs,
     /// Record every frame sent and received.
     #[arg(long)]
     pcap: Option<std::path::PathBuf>,
@@ -92,27 +86,13 @@ pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
     if a.iters == 0 {
         return Err("-n 0: at least one iteration".into());
     }
-    for (n, p) in [
-        ("loss", a.loss),
-        ("reorder", a.reorder),
-        ("duplicate", a.duplicate),
-    ] {
-        if !(0.0..=1.0).contains(&p) {
-            return Err(format!("--{n} {p}: a probability is between 0 and 1").into());
-        }
-    }
-    let imp = rocemu_emulator::port::wire::Impairments {
-        loss: a.loss,
-        reorder: a.reorder,
-        duplicate: a.duplicate,
-        ..Default::default()
-    };
+    let imp = a.imp.get()?;
     let mut d = datapath::open(
         &a.dev,
         &a.ip,
         a.mac.as_deref(),
         a.pcap.as_deref(),
-        Some((imp, a.seed)),
+        Some((imp, a.imp.seed)),
     )?;
     let o = PingpongOpts {
         server: a.server.clone(),

@@ -18,17 +18,7 @@ struct End {
 fn open(dev: &Device) -> Result<End, VerbsError> {
     let pd = dev.alloc_pd();
     let cq = dev.create_cq(64)?;
-    let qp = dev.create_qp(
-        pd,
-        QpInitAttr {
-            qp_type: QpType::Rc,
-            send_cq: cq,
-            recv_cq: cq,
-            srq: None,
-            cap: QpCap::default(),
-            sq_sig_all: false,
-        },
-    )?;
+    let qp = dev.create_qp(pd, QpInitAttr::new(QpType::Rc, cq))?;
     let mr = dev.reg_mr(pd, 1 << 16, Access::ALL)?;
     Ok(End { qp, cq, mr })
 }

@@ -75,14 +75,7 @@ fn rc_between_a_polled_engine_and_a_threaded_device() {
     let mr_b = rb
         .reg_mr(pd_b, 1 << 16, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
         .unwrap();
-    let init = |cq| QpInitAttr {
-        qp_type: QpType::Rc,
-        send_cq: cq,
-        recv_cq: cq,
-        srq: None,
-        cap: QpCap::default(),
-        sq_sig_all: false,
-    };
+    let init = |cq| QpInitAttr::new(QpType::Rc, cq);
     let qb = rb.create_qp(pd_b, init(cq_b)).unwrap();
     let pd_a = ra.alloc_pd();
     let cq_a = ra.create_cq(16).unwrap();

@@ -334,6 +334,26 @@ struct Seen {
     rdma: u64,
 }
 
+impl Seen {
+    /// Takes the data QP's completions; the first error ends the run.
+    fn count(&mut self, r: &mut Rnic, d: &Data) -> Result<(), String> {
+        for wc in r.poll_cq(d.cq, 8) {
+            if wc.status != WcStatus::Success {
+                return Err(format!(
+                    "rping: completion {:?} for wr_id {}",
+                    wc.status, wc.wr_id
+                ));
+            }
+            match wc.wr_id {
+                ID_RECV => self.recv += 1,
+                ID_SEND => self.send += 1,
+                _ => self.rdma += 1,
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Turns the engine and the CM until `kind`'s count reaches `want`: Ok(true); Ok(false) when
 /// the peer disconnected first.
 fn wait_for(
@@ -346,19 +366,7 @@ fn wait_for(
 ) -> Result<bool, String> {
     let t = Instant::now();
     loop {
-        for wc in ep.rnic.poll_cq(d.cq, 8) {
-            if wc.status != WcStatus::Success {
-                return Err(format!(
-                    "rping: completion {:?} for wr_id {}",
-                    wc.status, wc.wr_id
-                ));
-            }
-            match wc.wr_id {
-                ID_RECV => seen.recv += 1,
-                ID_SEND => seen.send += 1,
-                _ => seen.rdma += 1,
-            }
-        }
+        seen.count(&mut ep.rnic, d)?;
         let have = match kind {
             ID_RECV => seen.recv,
             ID_SEND => seen.send,
@@ -569,19 +577,7 @@ pub fn rping(ep: &mut Endpoint, o: &RpingOpts) -> Result<Vec<String>, String> {
             // The client's source buffer, or a DREQ.
             let t = Instant::now();
             let got = loop {
-                for wc in ep.rnic.poll_cq(d.cq, 8) {
-                    if wc.status != WcStatus::Success {
-                        return Err(format!(
-                            "rping: completion {:?} for wr_id {}",
-                            wc.status, wc.wr_id
-                        ));
-                    }
-                    match wc.wr_id {
-                        ID_RECV => seen.recv += 1,
-                        ID_SEND => seen.send += 1,
-                        _ => seen.rdma += 1,
-                    }
-                }
+                seen.count(&mut ep.rnic, &d)?;
                 if seen.recv > 2 * i {
                     break true;
                 }

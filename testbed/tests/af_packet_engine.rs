@@ -53,17 +53,7 @@ fn side(
         )
         .map_err(|e| e.to_string())?;
     let qpn = r
-        .create_qp(
-            pd,
-            QpInitAttr {
-                qp_type: QpType::Rc,
-                send_cq: cq,
-                recv_cq: cq,
-                srq: None,
-                cap: QpCap::default(),
-                sq_sig_all: false,
-            },
-        )
+        .create_qp(pd, QpInitAttr::new(QpType::Rc, cq))
         .map_err(|e| e.to_string())?;
     let psn = Psn::new(if active { 0x10 } else { 0xfffff0 });
     tx.send(Dest {

@@ -328,6 +328,21 @@ pub struct QpInitAttr {
     pub sq_sig_all: bool,
 }
 
+impl QpInitAttr {
+    /// A QP of `qp_type` whose sends and receives complete on `cq`, with the default capacities
+    /// and only signaled sends completing.
+    pub fn new(qp_type: QpType, cq: CqId) -> QpInitAttr {
+        QpInitAttr {
+            qp_type,
+            send_cq: cq,
+            recv_cq: cq,
+            srq: None,
+            cap: QpCap::default(),
+            sq_sig_all: false,
+        }
+    }
+}
+
 /// `ibv_sge`: local memory by L_Key and address.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Sge {
