@@ -148,7 +148,7 @@ fn rc_go_back_n_across_the_wrap() {
 #[test]
 fn rc_duplicate_from_before_the_wrap_is_a_duplicate() {
     // After the wrap, a request at 0xffffff is 2 behind the expected PSN 1: a duplicate
-    // (re-ACKed), not a far-future PSN (which would be NAKed).
+    // (re-ACKed with its own PSN), not a far-future PSN (which would be NAKed).
     let mut t = wrap_bed(QpType::Rc);
     t.post_recv(B, 1, 0, 64);
     t.post_recv(B, 2, 64, 64);
@@ -162,7 +162,7 @@ fn rc_duplicate_from_before_the_wrap_is_a_duplicate() {
     t.clear_log();
     t.inject(B, &second);
     t.flush_now();
-    assert_eq!(t.acks(Dir::BA), vec![(0, ACK, 3)]);
+    assert_eq!(t.acks(Dir::BA), vec![(0xffffff, ACK, 3)]);
     assert_eq!(t.wcs(B).len(), 3);
     assert_eq!(t.p.b.counters().duplicate_requests, 1);
 }

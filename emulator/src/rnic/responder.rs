@@ -522,8 +522,11 @@ fn duplicate(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
     let info = pkt.bth.opcode.info();
     match info.operation {
         Operation::Send | Operation::RdmaWrite => {
-            // Never executed twice; acknowledged again with the latest PSN (C9-105).
-            push_ack(qp, qp.epsn.sub(1));
+            // Never executed twice; acknowledged again (C9-105) with the duplicate's own PSN,
+            // not the latest one: a later READ or atomic may lie in between, and an ACK must
+            // never cover one whose response the requester may still be waiting for (rdma_rxe
+            // completes the READ on such an ACK without its data; found by rping under loss).
+            push_ack(qp, psn);
         }
         Operation::RdmaReadRequest => {
             let Some(reth) = pkt.ext.reth else { return };
