@@ -54,6 +54,41 @@ impl ImpairArgs {
     }
 }
 
+/// Where one end meets the wire, for the commands that always run on a real datapath.
+#[derive(clap::Args, Debug)]
+pub struct EndArgs {
+    /// Datapath: af_packet:IFACE or dpdk:'EAL ARGS'.
+    #[arg(long)]
+    pub dev: String,
+    /// This end's address (its GID).
+    #[arg(long)]
+    pub ip: String,
+    /// This end's MAC (default: the port's).
+    #[arg(long)]
+    pub mac: Option<String>,
+    /// Impairments on this end's frames, both ways (not in the real tools): to watch recovery
+    /// against a real peer.
+    #[command(flatten)]
+    pub imp: ImpairArgs,
+    /// Record every frame sent and received.
+    #[arg(long)]
+    pub pcap: Option<std::path::PathBuf>,
+}
+
+impl EndArgs {
+    /// Opens the datapath with its impairments.
+    pub fn open(&self) -> Result<Opened, String> {
+        let imp = self.imp.get()?;
+        open(
+            &self.dev,
+            &self.ip,
+            self.mac.as_deref(),
+            self.pcap.as_deref(),
+            Some((imp, self.imp.seed)),
+        )
+    }
+}
+
 /// An endpoint and what must live as long as it.
 pub struct Opened {
     pub ep: Endpoint,

@@ -51,22 +51,8 @@ pub struct Args {
     /// Transport: rc (ibv_rc_pingpong), uc (ibv_uc_pingpong) or ud (ibv_ud_pingpong).
     #[arg(long, value_enum, default_value_t = Transport::Rc)]
     transport: Transport,
-    /// Datapath: af_packet:IFACE or dpdk:'EAL ARGS'.
-    #[arg(long)]
-    dev: String,
-    /// This end's address (its GID).
-    #[arg(long)]
-    ip: String,
-    /// This end's MAC (default: the port's).
-    #[arg(long)]
-    mac: Option<String>,
-    /// Impairments on this end's frames, both ways (not in the real tool): to watch recovery
-    /// against a real peer.
     #[command(flatten)]
-    imp: datapath::ImpairArgs,
-    /// Record every frame sent and received.
-    #[arg(long)]
-    pcap: Option<std::path::PathBuf>,
+    end: datapath::EndArgs,
 }
 
 pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
@@ -86,14 +72,7 @@ pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
     if a.iters == 0 {
         return Err("-n 0: at least one iteration".into());
     }
-    let imp = a.imp.get()?;
-    let mut d = datapath::open(
-        &a.dev,
-        &a.ip,
-        a.mac.as_deref(),
-        a.pcap.as_deref(),
-        Some((imp, a.imp.seed)),
-    )?;
+    let mut d = a.end.open()?;
     let o = PingpongOpts {
         server: a.server.clone(),
         port: a.port,
@@ -115,7 +94,7 @@ pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
         println!("{l}");
     }
     let c = d.ep.rnic.counters();
-    if c.retransmits > 0 || imp.loss + imp.reorder + imp.duplicate > 0.0 {
+    if c.retransmits > 0 || !a.end.imp.get()?.is_none() {
         println!(
             "retransmitted {} packets, {} NAKs received, {} local ACK timeouts",
             c.retransmits, c.naks_received, c.local_ack_timeouts

@@ -32,22 +32,8 @@ pub struct Args {
     /// Accepted (debug output).
     #[arg(short = 'd')]
     debug: bool,
-    /// Datapath: af_packet:IFACE or dpdk:'EAL ARGS'.
-    #[arg(long)]
-    dev: String,
-    /// This end's address.
-    #[arg(long)]
-    ip: String,
-    /// This end's MAC (default: the port's).
-    #[arg(long)]
-    mac: Option<String>,
-    /// Impairments on this end's frames, both ways (not in the real tool): to watch recovery
-    /// against a real peer.
     #[command(flatten)]
-    imp: datapath::ImpairArgs,
-    /// Record every frame sent and received.
-    #[arg(long)]
-    pcap: Option<std::path::PathBuf>,
+    end: datapath::EndArgs,
 }
 
 pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
@@ -63,14 +49,7 @@ pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
     } else {
         None
     };
-    let imp = a.imp.get()?;
-    let mut d = datapath::open(
-        &a.dev,
-        &a.ip,
-        a.mac.as_deref(),
-        a.pcap.as_deref(),
-        Some((imp, a.imp.seed)),
-    )?;
+    let mut d = a.end.open()?;
     let o = RpingOpts {
         server,
         port: a.port,
@@ -89,7 +68,7 @@ pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
         println!("{l}");
     }
     let c = d.ep.rnic.counters();
-    if imp.loss + imp.reorder + imp.duplicate > 0.0 {
+    if !a.end.imp.get()?.is_none() {
         println!(
             "retransmitted {} packets, {} NAKs received, {} local ACK timeouts",
             c.retransmits, c.naks_received, c.local_ack_timeouts
