@@ -137,26 +137,15 @@ pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
         vec![size]
     };
     let mut reports: Vec<Report> = Vec::new();
-    let op = match test {
-        Test::Write => "RDMA_Write",
-        Test::Read => "RDMA_Read",
-        Test::Send => "Send",
-        Test::Atomic { cmp_swap: false } => "Atomic FETCH_AND_ADD",
-        Test::Atomic { cmp_swap: true } => "Atomic CMP_AND_SWAP",
-    };
-    let rule =
-        "---------------------------------------------------------------------------------------";
-    println!("{rule}");
-    println!(
-        "                    {op} {} Test",
-        if a.lat { "Latency" } else { "BW" }
+    let rule = RULE;
+    print_header(
+        test,
+        a.lat,
+        "rocemu (in-process, one engine thread)",
+        a.qps,
+        a.tx_depth,
+        mtu.bytes(),
     );
-    println!(" Device         : rocemu (in-process, one engine thread)");
-    println!(" Number of qps  : {}\t\tTransport type : IB", a.qps);
-    println!(" Connection type : RC\t\tUsing SRQ      : OFF");
-    println!(" TX depth       : {}", a.tx_depth);
-    println!(" Mtu            : {}[B]", mtu.bytes());
-    println!(" Link type      : Ethernet (RoCEv2)");
     if imp.loss + imp.reorder + imp.duplicate + imp.corrupt > 0.0 {
         println!(
             " Impairments    : loss {} reorder {} duplicate {} corrupt {} (seed {})",
@@ -267,15 +256,7 @@ fn run_remote(
         qp_timeout: a.qp_timeout,
         lat: a.lat,
     };
-    let op = match test {
-        Test::Write => "RDMA_Write",
-        Test::Read => "RDMA_Read",
-        Test::Send => "Send",
-        Test::Atomic { cmp_swap: false } => "Atomic FETCH_AND_ADD",
-        Test::Atomic { cmp_swap: true } => "Atomic CMP_AND_SWAP",
-    };
-    let rule =
-        "---------------------------------------------------------------------------------------";
+    let rule = RULE;
     let port = d.ep.engine.port().name();
     if a.server.is_none() {
         println!("\n************************************\n* Waiting for client to connect... *\n************************************");
@@ -283,17 +264,14 @@ fn run_remote(
     let out = rocemu_testbed::remote::perf(&mut d.ep, &o);
     d.ep.engine.finish_recording()?;
     let out = out?;
-    println!("{rule}");
-    println!(
-        "                    {op} {} Test",
-        if a.lat { "Latency" } else { "BW" }
+    print_header(
+        test,
+        a.lat,
+        &format!("rocemu on {port}"),
+        a.qps,
+        o.tx_depth,
+        out.mtu,
     );
-    println!(" Device         : rocemu on {port}");
-    println!(" Number of qps  : {}\t\tTransport type : IB", a.qps);
-    println!(" Connection type : RC\t\tUsing SRQ      : OFF");
-    println!(" TX depth       : {}", o.tx_depth);
-    println!(" Mtu            : {}[B]", out.mtu);
-    println!(" Link type      : Ethernet (RoCEv2)");
     println!(" Peer version   : {}", out.peer_version);
     println!("{rule}");
     for l in &out.lines {
@@ -355,4 +333,29 @@ fn print_limit(r: &Report) {
         r.naks,
         r.timeouts
     );
+}
+
+const RULE: &str =
+    "---------------------------------------------------------------------------------------";
+
+/// perftest's banner: the test, the device and the connection's settings.
+fn print_header(test: Test, lat: bool, device: &str, qps: usize, tx_depth: usize, mtu: usize) {
+    let op = match test {
+        Test::Write => "RDMA_Write",
+        Test::Read => "RDMA_Read",
+        Test::Send => "Send",
+        Test::Atomic { cmp_swap: false } => "Atomic FETCH_AND_ADD",
+        Test::Atomic { cmp_swap: true } => "Atomic CMP_AND_SWAP",
+    };
+    println!("{RULE}");
+    println!(
+        "                    {op} {} Test",
+        if lat { "Latency" } else { "BW" }
+    );
+    println!(" Device         : {device}");
+    println!(" Number of qps  : {qps}\t\tTransport type : IB");
+    println!(" Connection type : RC\t\tUsing SRQ      : OFF");
+    println!(" TX depth       : {tx_depth}");
+    println!(" Mtu            : {mtu}[B]");
+    println!(" Link type      : Ethernet (RoCEv2)");
 }

@@ -98,7 +98,8 @@ pub fn gid_ip(gid: &[u8; 16], who: &str) -> Result<IpAddr, String> {
     })
 }
 
-fn random_psn() -> Psn {
+/// A random initial PSN (as perftest's and rdma-core's `lrand48() & 0xffffff`).
+pub(crate) fn random_psn() -> Psn {
     let t = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default()
@@ -229,10 +230,6 @@ fn pp_connect(ep: &mut Endpoint, c: &PpCtx, rem: &PingpongDest, mtu: Mtu) -> Res
     .map_err(|e| format!("modify QP: {e}"))
 }
 
-fn ep_mtu_bytes(r: &Rnic) -> usize {
-    r.active_mtu().bytes()
-}
-
 /// Runs one end of `ibv_rc_pingpong`, `ibv_uc_pingpong` or `ibv_ud_pingpong` (client when
 /// `o.server` is set).
 pub fn pingpong(ep: &mut Endpoint, o: &PingpongOpts) -> Result<PingpongResult, String> {
@@ -248,11 +245,11 @@ pub fn pingpong(ep: &mut Endpoint, o: &PingpongOpts) -> Result<PingpongResult, S
     let pd = r.alloc_pd();
     let cq = r.create_cq(o.rx_depth + 1).map_err(verr)?;
     let ud = o.transport == QpType::Ud;
-    if ud && o.size > ep_mtu_bytes(r) {
+    if ud && o.size > r.active_mtu().bytes() {
         return Err(format!(
             "-s {}: a UD message must fit the port's MTU ({})",
             o.size,
-            ep_mtu_bytes(r)
+            r.active_mtu().bytes()
         ));
     }
     let mr = r

@@ -410,18 +410,12 @@ fn rtr_rts(
 ) -> Result<(), String> {
     ep.engine
         .resolve(&mut ep.rnic, peer, Duration::from_secs(5))?;
-    let mtu = match mtu {
-        1 => Mtu::M256,
-        2 => Mtu::M512,
-        3 => Mtu::M1024,
-        4 => Mtu::M2048,
-        _ => Mtu::M4096,
-    };
-    let mtu = if mtu.bytes() > ep.rnic.active_mtu().bytes() {
-        ep.rnic.active_mtu()
-    } else {
-        mtu
-    };
+    // The path MTU asked for, no larger than the port's (an unknown value: the port's).
+    let active = ep.rnic.active_mtu();
+    let mtu = crate::oob::mtu_from_enum(mtu as i64)
+        .and_then(|b| Mtu::from_bytes(b as usize))
+        .filter(|m| m.bytes() <= active.bytes())
+        .unwrap_or(active);
     let o = rocemu_emulator::sim::ConnectOpts {
         mtu,
         max_rd_atomic: 1,
@@ -463,7 +457,7 @@ pub fn rping(ep: &mut Endpoint, o: &RpingOpts) -> Result<Vec<String>, String> {
     }
     let mut cm = Cm::new(ep)?;
     let d = Data::new(ep, o.size)?;
-    let my_psn = Psn::new((ep.engine.now().0 as u32 ^ 0x5a5a5a) & 0xff_ffff);
+    let my_psn = crate::remote::random_psn();
     let service = ServiceId::rdma_cm(PortSpace::TCP, o.port);
     let mut lines = Vec::new();
     let (id, peer): (CommId, IpAddr) = match o.server {
@@ -479,13 +473,7 @@ pub fn rping(ep: &mut Endpoint, o: &RpingOpts) -> Result<Vec<String>, String> {
             let p = ConnParams {
                 qpn: d.qpn,
                 psn: my_psn,
-                path_mtu: match ep.rnic.active_mtu().bytes() {
-                    256 => 1,
-                    512 => 2,
-                    1024 => 3,
-                    2048 => 4,
-                    _ => 5,
-                },
+                path_mtu: crate::oob::mtu_to_enum(ep.rnic.active_mtu().bytes() as u32).unwrap_or(5),
                 private_data: pd,
                 ..ConnParams::default()
             };
