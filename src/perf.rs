@@ -76,15 +76,19 @@ pub struct Args {
     /// Record every frame sent and received (with --dev).
     #[arg(long)]
     pcap: Option<std::path::PathBuf>,
-    /// TCP port of perftest's exchange (with --dev).
+    /// TCP port of perftest's exchange (with --dev); with --rdma-cm, the rdma_cm port.
     #[arg(short = 'p', long, default_value_t = 18515)]
     port: u16,
+    /// Connect through rdma_cm (the IB CM over QP1) and exchange over an RC QP, as perftest's
+    /// -R (with --dev).
+    #[arg(short = 'R', long = "rdma-cm", alias = "rdma_cm")]
+    rdma_cm: bool,
 }
 
 pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
-    if a.dev.is_none() && (a.server.is_some() || a.ip.is_some() || a.mac.is_some()) {
+    if a.dev.is_none() && (a.server.is_some() || a.ip.is_some() || a.mac.is_some() || a.rdma_cm) {
         return Err(
-            "SERVER, --ip and --mac go with --dev (af_packet:IFACE or dpdk:'EAL ARGS'); \
+            "SERVER, --ip, --mac and --rdma-cm go with --dev (af_packet:IFACE or dpdk:'EAL ARGS'); \
                     without --dev both ends run in-process"
                 .into(),
         );
@@ -255,6 +259,7 @@ fn run_remote(
         verify: a.verify,
         qp_timeout: a.qp_timeout,
         lat: a.lat,
+        rdma_cm: a.rdma_cm,
     };
     let rule = RULE;
     let port = d.ep.engine.port().name();

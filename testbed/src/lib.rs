@@ -8,6 +8,8 @@ pub mod demo;
 pub mod netns;
 pub mod oob;
 pub mod perf;
+pub mod perftest_cm;
+pub mod rdmacm;
 pub mod remote;
 pub mod rping;
 pub mod rxevm;

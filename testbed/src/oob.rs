@@ -243,7 +243,7 @@ pub struct OobError {
 }
 
 impl OobError {
-    fn new(kind: OobErrorKind, message: impl Into<String>) -> Self {
+    pub(crate) fn new(kind: OobErrorKind, message: impl Into<String>) -> Self {
         Self {
             kind,
             message: message.into(),
@@ -762,6 +762,8 @@ pub const PERFTEST_VERSION_LEN: usize = 16;
 pub const PERFTEST_DEST_LEN: usize = 108;
 /// `KEY_MSG_SIZE`: the address message without GID (InfiniBand without a GID index).
 pub const PERFTEST_DEST_LEN_NO_GID: usize = 59;
+/// Size of the binary address message perftest `-R` sends over its rdma_cm QP.
+pub const PERFTEST_DEST_LEN_BINARY: usize = 56;
 /// Bytes of the MTU message (`sizeof(char[2])`).
 pub const PERFTEST_MTU_LEN: usize = 2;
 /// What each side writes at the very end (`write(fd, "done", sizeof "done")`).
@@ -873,6 +875,52 @@ impl PerftestDest {
         let mut out = [0u8; PERFTEST_DEST_LEN_NO_GID];
         out[..text.len()].copy_from_slice(text.as_bytes());
         out
+    }
+
+    /// The 56-byte binary `struct pingpong_dest` that perftest sends over its rdma_cm QP
+    /// (`rdma_write_keys`): lid, out_reads, qpn, psn, rkey as big-endian 32-bit words, 4 bytes of
+    /// padding, vaddr big-endian, the GID's raw bytes, srqn and gid_index big-endian. The reader
+    /// (`rdma_read_keys`) ignores srqn and gid_index; RoCEmu sends 0 for both and for the padding.
+    pub fn to_binary(&self) -> [u8; PERFTEST_DEST_LEN_BINARY] {
+        let mut out = [0u8; PERFTEST_DEST_LEN_BINARY];
+        out[0..4].copy_from_slice(&u32::from(self.lid).to_be_bytes());
+        out[4..8].copy_from_slice(&u32::from(self.out_reads).to_be_bytes());
+        out[8..12].copy_from_slice(&(self.qpn & MASK24).to_be_bytes());
+        out[12..16].copy_from_slice(&(self.psn & MASK24).to_be_bytes());
+        out[16..20].copy_from_slice(&self.rkey.to_be_bytes());
+        out[24..32].copy_from_slice(&self.vaddr.to_be_bytes());
+        out[32..48].copy_from_slice(&self.gid);
+        out[48..52].copy_from_slice(&self.srqn.to_be_bytes());
+        out
+    }
+
+    /// Parses the 56-byte binary form ([`to_binary`](Self::to_binary)) as `rdma_read_keys`
+    /// does: srqn and the trailing gid_index are not read; LID and out_reads must fit 16 bits,
+    /// QPN and PSN 24.
+    pub fn from_binary(msg: &[u8]) -> OobResult<Self> {
+        const WHAT: &str = "the perftest (rdma_cm) address message";
+        check_len(msg, PERFTEST_DEST_LEN_BINARY, WHAT)?;
+        let w = |i: usize| u32::from_be_bytes([msg[i], msg[i + 1], msg[i + 2], msg[i + 3]]);
+        let field = |i: usize, max: u32, name: &str| {
+            let v = w(i);
+            if v > max {
+                Err(malformed(format!("{WHAT}: {name} {v:#x} is out of range")))
+            } else {
+                Ok(v)
+            }
+        };
+        let mut gid = [0u8; 16];
+        gid.copy_from_slice(&msg[32..48]);
+        Ok(Self {
+            lid: field(0, 0xffff, "LID")? as u16,
+            out_reads: field(4, 0xffff, "out_reads")? as u16,
+            qpn: field(8, MASK24, "QPN")?,
+            psn: field(12, MASK24, "PSN")?,
+            rkey: w(16),
+            vaddr: u64::from_be_bytes(msg[24..32].try_into().expect("8 bytes")),
+            gid,
+            srqn: 0,
+        })
     }
 
     fn head_text(&self) -> String {
@@ -1084,99 +1132,32 @@ fn c_strtol(bytes: &[u8]) -> i64 {
     }
 }
 
-/// One end of a perftest socket connection (non-rdma_cm), with one method per exchange step.
-///
-/// Typical use, either role: [`connect`](Self::connect) or [`accept`](Self::accept) →
-/// [`preamble`](Self::preamble) → [`setup_qps`](Self::setup_qps) (its closure moves the QPs to
-/// RTR/RTS, and posts the receives in send tests) → [`sync`](Self::sync) in send tests → the data
-/// phase → [`finish`](Self::finish).
-#[derive(Debug)]
-pub struct PerftestConn {
-    wire: Wire,
-    role: Role,
-    with_gid: bool,
-    remote_version: Option<String>,
+/// How an address message travels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DestForm {
+    /// 108 bytes of text with the GID (RoCE, over TCP).
+    Text,
+    /// 59 bytes of text without GID (InfiniBand without a GID index, over TCP).
+    TextNoGid,
+    /// 56 bytes of binary `struct pingpong_dest` (perftest `-R`, over the rdma_cm QP).
+    Binary,
 }
 
-impl PerftestConn {
-    /// Client: connects to a perftest server (`ib_*_bw` without a server name) at `addr`.
-    pub fn connect(addr: impl ToSocketAddrs, cfg: &OobConfig) -> OobResult<Self> {
-        Ok(Self::from_stream(
-            connect_stream(addr, cfg)?,
-            Role::Client,
-            cfg,
-        ))
-    }
-
-    /// Server: accepts one perftest client on `listener` (see [`listen`]).
-    pub fn accept(listener: &TcpListener, cfg: &OobConfig) -> OobResult<Self> {
-        Ok(Self::from_stream(
-            accept_stream(listener, cfg)?,
-            Role::Server,
-            cfg,
-        ))
-    }
-
-    /// Wraps an already connected stream.
-    pub fn from_stream(stream: TcpStream, role: Role, cfg: &OobConfig) -> Self {
-        let _ = stream.set_nodelay(true);
-        Self {
-            wire: Wire::new(stream, cfg.io_timeout),
-            role,
-            with_gid: true,
-            remote_version: None,
-        }
-    }
-
-    /// Which end this is.
-    pub fn role(&self) -> Role {
-        self.role
-    }
-
-    /// The peer's socket address.
-    pub fn peer_addr(&self) -> Option<SocketAddr> {
-        self.wire.stream.peer_addr().ok()
-    }
-
-    /// The deadline for each following message; `None` waits forever. A server of
-    /// write/read/atomic BW tests waits in [`finish`](Self::finish) for the client's whole run, so
-    /// set this to more than the run's length (or `None`) before calling it.
-    pub fn set_io_timeout(&mut self, timeout: Option<Duration>) {
-        self.wire.timeout = timeout;
-    }
-
-    /// Whether address messages carry the GID (108 bytes, the default, always the case on RoCE)
-    /// or not (59 bytes, InfiniBand without a GID index).
-    pub fn set_dests_with_gid(&mut self, with_gid: bool) {
-        self.with_gid = with_gid;
-    }
-
-    /// The peer's version, once [`exchange_versions`](Self::exchange_versions) has run.
-    pub fn remote_version(&self) -> Option<&str> {
-        self.remote_version.as_deref()
-    }
-
+/// perftest's exchange steps, over whatever carries them: a TCP connection ([`PerftestConn`])
+/// or, with perftest's `-R`, SENDs on an RC QP connected through rdma_cm
+/// (`crate::perftest_cm`). An implementation provides the `xchg(n)` primitive; the steps are
+/// the same on both carriers.
+pub trait PerftestXchg {
     /// One `xchg(n)`: the client writes then reads, the server reads then writes.
-    fn xchg(&mut self, mine: &[u8], what: &str) -> OobResult<Vec<u8>> {
-        match self.role {
-            Role::Client => {
-                self.wire.send(mine, &format!("our {what}"))?;
-                self.wire.recv(mine.len(), &format!("the server's {what}"))
-            }
-            Role::Server => {
-                let theirs = self
-                    .wire
-                    .recv(mine.len(), &format!("the client's {what}"))?;
-                self.wire.send(mine, &format!("our {what}"))?;
-                Ok(theirs)
-            }
-        }
-    }
+    fn xchg(&mut self, mine: &[u8], what: &str) -> OobResult<Vec<u8>>;
+
+    /// The form address messages take on this carrier.
+    fn dest_form(&self) -> DestForm;
 
     /// `exchange_versions` + `check_version_compatibility`: 16 bytes each way, [`PERFTEST_VERSION`]
     /// NUL-padded. Returns the peer's version; a peer below 5.70 is
     /// [`OobErrorKind::Incompatible`] (perftest 4.5-0.17 exits in that case too).
-    pub fn exchange_versions(&mut self) -> OobResult<String> {
+    fn exchange_versions(&mut self) -> OobResult<String> {
         let mut mine = [0u8; PERFTEST_VERSION_LEN];
         mine[..PERFTEST_VERSION.len()].copy_from_slice(PERFTEST_VERSION.as_bytes());
         let theirs = self.xchg(&mine, "perftest version")?;
@@ -1192,13 +1173,12 @@ impl PerftestConn {
                 ),
             ));
         }
-        self.remote_version = Some(version.clone());
         Ok(version)
     }
 
     /// `check_sys_data`: our page size, then our cache-line size, each 4 bytes big-endian.
     /// Returns what the peer sent; perftest then uses the max of each (see [`preamble`](Self::preamble)).
-    pub fn exchange_sys_data(&mut self, ours: SysData) -> OobResult<SysData> {
+    fn exchange_sys_data(&mut self, ours: SysData) -> OobResult<SysData> {
         let c = self.xchg(&ours.cycle_buffer.to_be_bytes(), "page size (cycle_buffer)")?;
         let l = self.xchg(&ours.cache_line_size.to_be_bytes(), "cache line size")?;
         let as_c_int = |b: &[u8]| i32::from_be_bytes([b[0], b[1], b[2], b[3]]).max(0) as u32;
@@ -1210,7 +1190,7 @@ impl PerftestConn {
 
     /// `check_mtu`: our `enum ibv_mtu` as one decimal digit and a NUL (2 bytes). Returns the
     /// peer's MTU in bytes if it is valid; perftest then uses the smaller one.
-    pub fn exchange_mtu(&mut self, mtu: u32) -> OobResult<Option<u32>> {
+    fn exchange_mtu(&mut self, mtu: u32) -> OobResult<Option<u32>> {
         let e = mtu_to_enum(mtu).ok_or_else(|| {
             invalid(format!(
                 "MTU {mtu} is not one of 256, 512, 1024, 2048, 4096"
@@ -1223,7 +1203,7 @@ impl PerftestConn {
 
     /// Versions, sys data and MTU, in perftest's order (the 26 bytes each way before the
     /// first address). `mtu` is ours in bytes (perftest: `-m` clamped to the port's active MTU).
-    pub fn preamble(&mut self, sys: SysData, mtu: u32) -> OobResult<Negotiated> {
+    fn preamble(&mut self, sys: SysData, mtu: u32) -> OobResult<Negotiated> {
         if mtu_to_enum(mtu).is_none() {
             return Err(invalid(format!(
                 "MTU {mtu} is not one of 256, 512, 1024, 2048, 4096"
@@ -1244,25 +1224,27 @@ impl PerftestConn {
         })
     }
 
-    /// `ctx_hand_shake`: one address each way (108 bytes, or 59 without GID).
-    pub fn hand_shake(&mut self, my: &PerftestDest) -> OobResult<PerftestDest> {
-        if self.with_gid {
-            let theirs = self.xchg(&my.to_wire(), "QP address")?;
-            PerftestDest::from_wire(&theirs)
-        } else {
-            let theirs = self.xchg(&my.to_wire_no_gid(), "QP address")?;
-            PerftestDest::from_wire_no_gid(&theirs)
+    /// `ctx_hand_shake`: one address each way (108 bytes, 59 without GID, 56 binary over rdma_cm).
+    fn hand_shake(&mut self, my: &PerftestDest) -> OobResult<PerftestDest> {
+        match self.dest_form() {
+            DestForm::Text => PerftestDest::from_wire(&self.xchg(&my.to_wire(), "QP address")?),
+            DestForm::TextNoGid => {
+                PerftestDest::from_wire_no_gid(&self.xchg(&my.to_wire_no_gid(), "QP address")?)
+            }
+            DestForm::Binary => {
+                PerftestDest::from_binary(&self.xchg(&my.to_binary(), "QP address")?)
+            }
         }
     }
 
     /// One [`hand_shake`](Self::hand_shake) per QP, in order.
-    pub fn exchange_dests(&mut self, my: &[PerftestDest]) -> OobResult<Vec<PerftestDest>> {
+    fn exchange_dests(&mut self, my: &[PerftestDest]) -> OobResult<Vec<PerftestDest>> {
         my.iter().map(|d| self.hand_shake(d)).collect()
     }
 
     /// A synchronisation point: a [`hand_shake`](Self::hand_shake) of QP 0's address whose answer
     /// is not needed.
-    pub fn sync(&mut self, my0: &PerftestDest) -> OobResult<()> {
+    fn sync(&mut self, my0: &PerftestDest) -> OobResult<()> {
         self.hand_shake(my0).map(|_| ())
     }
 
@@ -1274,7 +1256,7 @@ impl PerftestConn {
     ///
     /// Send tests then need one [`sync`](Self::sync) right before the run (with `-a`,
     /// `ib_send_bw` does a sync before and after each size's run; `ib_send_lat` one before each).
-    pub fn setup_qps(
+    fn setup_qps(
         &mut self,
         test: PerftestTest,
         my: &[PerftestDest],
@@ -1319,7 +1301,7 @@ impl PerftestConn {
     /// `xchg_bw_reports`: size, iters, bw_peak, bw_avg, msgRate_avg (and the 4 per-port values
     /// when `my.per_port` is set), each an 8-byte big-endian `xchg`. Returns the peer's report
     /// (from a perftest server of a unidirectional test it is uninitialised memory).
-    pub fn exchange_reports(&mut self, my: &BwReport) -> OobResult<BwReport> {
+    fn exchange_reports(&mut self, my: &BwReport) -> OobResult<BwReport> {
         let size = u64::from_be_bytes(self.xchg8(my.size.to_be_bytes(), "report: size")?);
         let iters = u64::from_be_bytes(self.xchg8(my.iters.to_be_bytes(), "report: iters")?);
         let bw_peak = self.xchg_f64(my.bw_peak, "report: bw_peak")?;
@@ -1357,22 +1339,13 @@ impl PerftestConn {
         )))
     }
 
-    /// `ctx_close_connection`: a [`sync`](Self::sync), then `"done\0"`, then close. perftest
-    /// never reads the peer's `"done"`; this side reads it (briefly, ignoring failures) before
-    /// closing so that its close is clean.
-    pub fn close(mut self, my0: &PerftestDest) -> OobResult<()> {
-        self.sync(my0)?;
-        self.wire.send(PERFTEST_DONE, "\"done\"")?;
-        let _ = self.wire.stream.shutdown(Shutdown::Write);
-        let limit = self
-            .wire
-            .timeout
-            .unwrap_or(Duration::from_secs(2))
-            .min(Duration::from_secs(2));
-        let _ = self.wire.drain(limit);
-        let _ = self.wire.stream.shutdown(Shutdown::Both);
-        Ok(())
+    /// `ctx_close_connection`: a [`sync`](Self::sync) (over TCP also `"done\0"` and the close).
+    fn close(&mut self, my0: &PerftestDest) -> OobResult<()> {
+        self.sync(my0)
     }
+
+    /// Ends the exchange without a closing step (`ib_write_lat` just exits).
+    fn hang_up(&mut self) {}
 
     /// Everything after the data phase, per test (module docs, "Sequences"):
     /// write/read/atomic BW: sync, report exchange, close — returns the peer's report (on a
@@ -1380,8 +1353,8 @@ impl PerftestConn {
     /// `ib_atomic_lat`: close only; `ib_write_lat`: nothing (perftest just exits). `my` is sent in
     /// the report exchange (a server may send [`BwReport::default`], only its `per_port`
     /// presence matters).
-    pub fn finish(
-        mut self,
+    fn finish(
+        &mut self,
         test: PerftestTest,
         my0: &PerftestDest,
         my: &BwReport,
@@ -1401,10 +1374,124 @@ impl PerftestConn {
                 Ok(None)
             }
             PerftestTest::WriteLat => {
-                let _ = self.wire.stream.shutdown(Shutdown::Both);
+                self.hang_up();
                 Ok(None)
             }
         }
+    }
+}
+
+/// One end of a perftest socket connection (non-rdma_cm), with one method per exchange step.
+///
+/// Typical use, either role: [`connect`](Self::connect) or [`accept`](Self::accept) →
+/// [`preamble`](Self::preamble) → [`setup_qps`](Self::setup_qps) (its closure moves the QPs to
+/// RTR/RTS, and posts the receives in send tests) → [`sync`](Self::sync) in send tests → the data
+/// phase → [`finish`](Self::finish).
+#[derive(Debug)]
+pub struct PerftestConn {
+    wire: Wire,
+    role: Role,
+    with_gid: bool,
+}
+
+impl PerftestConn {
+    /// Client: connects to a perftest server (`ib_*_bw` without a server name) at `addr`.
+    pub fn connect(addr: impl ToSocketAddrs, cfg: &OobConfig) -> OobResult<Self> {
+        Ok(Self::from_stream(
+            connect_stream(addr, cfg)?,
+            Role::Client,
+            cfg,
+        ))
+    }
+
+    /// Server: accepts one perftest client on `listener` (see [`listen`]).
+    pub fn accept(listener: &TcpListener, cfg: &OobConfig) -> OobResult<Self> {
+        Ok(Self::from_stream(
+            accept_stream(listener, cfg)?,
+            Role::Server,
+            cfg,
+        ))
+    }
+
+    /// Wraps an already connected stream.
+    pub fn from_stream(stream: TcpStream, role: Role, cfg: &OobConfig) -> Self {
+        let _ = stream.set_nodelay(true);
+        Self {
+            wire: Wire::new(stream, cfg.io_timeout),
+            role,
+            with_gid: true,
+        }
+    }
+
+    /// Which end this is.
+    pub fn role(&self) -> Role {
+        self.role
+    }
+
+    /// The peer's socket address.
+    pub fn peer_addr(&self) -> Option<SocketAddr> {
+        self.wire.stream.peer_addr().ok()
+    }
+
+    /// The deadline for each following message; `None` waits forever. A server of
+    /// write/read/atomic BW tests waits in [`finish`](Self::finish) for the client's whole run, so
+    /// set this to more than the run's length (or `None`) before calling it.
+    pub fn set_io_timeout(&mut self, timeout: Option<Duration>) {
+        self.wire.timeout = timeout;
+    }
+
+    /// Whether address messages carry the GID (108 bytes, the default, always the case on RoCE)
+    /// or not (59 bytes, InfiniBand without a GID index).
+    pub fn set_dests_with_gid(&mut self, with_gid: bool) {
+        self.with_gid = with_gid;
+    }
+}
+
+impl PerftestXchg for PerftestConn {
+    /// One `xchg(n)`: the client writes then reads, the server reads then writes.
+    fn xchg(&mut self, mine: &[u8], what: &str) -> OobResult<Vec<u8>> {
+        match self.role {
+            Role::Client => {
+                self.wire.send(mine, &format!("our {what}"))?;
+                self.wire.recv(mine.len(), &format!("the server's {what}"))
+            }
+            Role::Server => {
+                let theirs = self
+                    .wire
+                    .recv(mine.len(), &format!("the client's {what}"))?;
+                self.wire.send(mine, &format!("our {what}"))?;
+                Ok(theirs)
+            }
+        }
+    }
+
+    fn dest_form(&self) -> DestForm {
+        if self.with_gid {
+            DestForm::Text
+        } else {
+            DestForm::TextNoGid
+        }
+    }
+
+    /// `ctx_close_connection`: a [`sync`](Self::sync), then `"done\0"`, then close. perftest
+    /// never reads the peer's `"done"`; this side reads it (briefly, ignoring failures) before
+    /// closing so that its close is clean.
+    fn close(&mut self, my0: &PerftestDest) -> OobResult<()> {
+        self.sync(my0)?;
+        self.wire.send(PERFTEST_DONE, "\"done\"")?;
+        let _ = self.wire.stream.shutdown(Shutdown::Write);
+        let limit = self
+            .wire
+            .timeout
+            .unwrap_or(Duration::from_secs(2))
+            .min(Duration::from_secs(2));
+        let _ = self.wire.drain(limit);
+        let _ = self.wire.stream.shutdown(Shutdown::Both);
+        Ok(())
+    }
+
+    fn hang_up(&mut self) {
+        let _ = self.wire.stream.shutdown(Shutdown::Both);
     }
 }
 
@@ -1920,7 +2007,7 @@ mod tests {
                 1024,
             )
             .unwrap();
-        assert_eq!(c.remote_version(), Some("6.06"));
+        assert_eq!(neg.remote_version, "6.06");
         let rem = c.setup_qps(test, &cd, |_| Ok(())).unwrap();
         if test.is_send() {
             c.sync(&cd[0]).unwrap();

@@ -9,7 +9,8 @@
 //! ([`Ctl::run`]); the engine's thread turns the engine between jobs ([`serve`]). A DPDK port
 //! is thus only ever polled from the thread that opened it.
 use crate::oob::{
-    self, BwReport, OobConfig, PerftestConn, PerftestDest, PerftestTest, PingpongDest, SysData,
+    self, BwReport, OobConfig, PerftestConn, PerftestDest, PerftestTest, PerftestXchg,
+    PingpongDest, SysData,
 };
 use crate::perf::{measure_limit, Report};
 use rocemu_emulator::engine::Engine;
@@ -477,15 +478,17 @@ pub struct PerfOpts {
     pub qp_timeout: u8,
     /// Latency instead of bandwidth (ib_*_lat): one QP, one message in flight.
     pub lat: bool,
+    /// perftest's `-R`: connect through rdma_cm and run the exchange on an RC QP of its own.
+    pub rdma_cm: bool,
 }
 
 /// Outstanding reads and atomics per QP that RoCEmu advertises (perftest's out_reads).
-const OUT_READS: u16 = 16;
+pub(crate) const OUT_READS: u16 = 16;
 /// Receives a send-test server keeps posted per QP (perftest's rx depth).
-const RX_DEPTH: usize = 512;
+pub(crate) const RX_DEPTH: usize = 512;
 
 impl PerfOpts {
-    fn perftest(&self) -> PerftestTest {
+    pub(crate) fn perftest(&self) -> PerftestTest {
         use crate::perf::Test;
         match (self.test, self.lat) {
             (Test::Write, false) => PerftestTest::WriteBw,
@@ -507,17 +510,17 @@ impl PerfOpts {
 
 /// One QP's side of the test.
 #[derive(Debug, Clone, Copy)]
-struct PerfQp {
-    qpn: Qpn,
-    psn: Psn,
+pub(crate) struct PerfQp {
+    pub(crate) qpn: Qpn,
+    pub(crate) psn: Psn,
     /// The QP's region in the MR: `mr.addr + off`.
-    off: usize,
+    pub(crate) off: usize,
 }
 
-struct PerfSetup {
-    cq: CqId,
-    mr: MrInfo,
-    qps: Vec<PerfQp>,
+pub(crate) struct PerfSetup {
+    pub(crate) cq: CqId,
+    pub(crate) mr: MrInfo,
+    pub(crate) qps: Vec<PerfQp>,
 }
 
 fn access_for(server: bool, lat: bool) -> Access {
@@ -537,7 +540,7 @@ fn server_pattern(vaddr: u64, n: usize) -> Vec<u8> {
     pattern(vaddr ^ 0x5eed, n)
 }
 
-fn perf_setup(r: &mut Rnic, o: &PerfOpts, server: bool) -> Result<PerfSetup, String> {
+pub(crate) fn perf_setup(r: &mut Rnic, o: &PerfOpts, server: bool) -> Result<PerfSetup, String> {
     let pd = r.alloc_pd();
     let depth = if server { RX_DEPTH } else { o.tx_depth };
     let cq = r.create_cq((depth + 8) * o.qps).map_err(verr)?;
@@ -589,7 +592,7 @@ fn perf_setup(r: &mut Rnic, o: &PerfOpts, server: bool) -> Result<PerfSetup, Str
     Ok(PerfSetup { cq, mr, qps })
 }
 
-fn dests(ep: &Endpoint, o: &PerfOpts, s: &PerfSetup) -> Vec<PerftestDest> {
+pub(crate) fn dests(ep: &Endpoint, o: &PerfOpts, s: &PerfSetup) -> Vec<PerftestDest> {
     let out_reads = match o.test {
         crate::perf::Test::Read | crate::perf::Test::Atomic { .. } => OUT_READS,
         _ => 1,
@@ -646,7 +649,7 @@ fn perf_connect(
     Ok(())
 }
 
-fn post_server_recvs(
+pub(crate) fn post_server_recvs(
     r: &mut Rnic,
     o: &PerfOpts,
     s: &PerfSetup,
@@ -684,6 +687,9 @@ pub struct PerfOutcome {
 
 /// Runs one end of perftest's bandwidth test `o.test` (client when `o.server` is set).
 pub fn perf(ep: &mut Endpoint, o: &PerfOpts) -> Result<PerfOutcome, String> {
+    if o.rdma_cm {
+        return crate::perftest_cm::perf(ep, o);
+    }
     let server = o.server.is_none();
     let active = ep.rnic.active_mtu();
     let want = o.mtu.bytes().min(active.bytes());
@@ -731,22 +737,92 @@ pub fn perf(ep: &mut Endpoint, o: &PerfOpts) -> Result<PerfOutcome, String> {
         .map(|rem| (rem, conn))
     })
     .map_err(|e| e.to_string())?;
-    let (rem, mut conn) = rem;
+    let (rem, conn) = rem;
+    let mut ex = TcpExchange(conn);
+    data_phase(ep, o, &setup, &my, &rem, mtu, neg.remote_version, &mut ex)
+}
+
+/// The exchange steps after the QPs are connected, on whichever carrier the exchange runs
+/// (TCP, or perftest `-R`'s rdma_cm QP), each run while the engine keeps turning.
+pub(crate) trait Exchange {
+    /// A synchronisation point ([`PerftestXchg::sync`]).
+    fn sync(&mut self, ep: &mut Endpoint, my0: &PerftestDest) -> Result<(), String>;
+    /// [`PerftestXchg::close`]; `patient`: no deadline (a passive server waits there for the
+    /// client's whole run).
+    fn close(&mut self, ep: &mut Endpoint, my0: &PerftestDest, patient: bool)
+        -> Result<(), String>;
+    /// [`PerftestXchg::finish`]; `patient` as for [`close`](Self::close).
+    fn finish(
+        &mut self,
+        ep: &mut Endpoint,
+        test: PerftestTest,
+        my0: &PerftestDest,
+        my: &BwReport,
+        patient: bool,
+    ) -> Result<Option<BwReport>, String>;
+}
+
+/// perftest's exchange over TCP, on a thread of its own while the engine's thread turns.
+struct TcpExchange(PerftestConn);
+
+impl Exchange for TcpExchange {
+    fn sync(&mut self, ep: &mut Endpoint, my0: &PerftestDest) -> Result<(), String> {
+        serve(ep, |_| self.0.sync(my0)).map_err(|e| e.to_string())
+    }
+
+    fn close(
+        &mut self,
+        ep: &mut Endpoint,
+        my0: &PerftestDest,
+        patient: bool,
+    ) -> Result<(), String> {
+        if patient {
+            self.0.set_io_timeout(None);
+        }
+        serve(ep, |_| self.0.close(my0)).map_err(|e| e.to_string())
+    }
+
+    fn finish(
+        &mut self,
+        ep: &mut Endpoint,
+        test: PerftestTest,
+        my0: &PerftestDest,
+        my: &BwReport,
+        patient: bool,
+    ) -> Result<Option<BwReport>, String> {
+        if patient {
+            self.0.set_io_timeout(None);
+        }
+        serve(ep, |_| self.0.finish(test, my0, my)).map_err(|e| e.to_string())
+    }
+}
+
+/// Everything from the last set-up exchange to the end: the run, `--verify`, the closing
+/// exchanges.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn data_phase(
+    ep: &mut Endpoint,
+    o: &PerfOpts,
+    setup: &PerfSetup,
+    my: &[PerftestDest],
+    rem: &[PerftestDest],
+    mtu: Mtu,
+    peer_version: String,
+    ex: &mut dyn Exchange,
+) -> Result<PerfOutcome, String> {
+    let server = o.server.is_none();
+    let test = o.perftest();
+    let my0 = my[0];
     if matches!(test, PerftestTest::SendBw | PerftestTest::SendLat) {
-        let my0 = my[0];
-        conn = serve(ep, move |_| conn.sync(&my0).map(|_| conn)).map_err(|e| e.to_string())?;
+        ex.sync(ep, &my0)?;
     }
     let mut lines = Vec::new();
-    let peer_version = neg.remote_version.clone();
     if o.lat {
-        let rep = run_lat(ep, o, &setup, &rem, mtu, server)?;
-        let my0 = my[0];
-        if server && matches!(test, PerftestTest::ReadLat | PerftestTest::AtomicLat) {
-            // A passive server waits for the client's whole run in the closing exchange.
-            conn.set_io_timeout(None);
-        }
-        serve(ep, move |_| conn.finish(test, &my0, &BwReport::default()))
-            .map_err(|e| e.to_string())?;
+        let rep = run_lat(ep, o, setup, rem, mtu, server)?;
+        // A passive read/atomic latency server waits for the client's whole run in the
+        // closing exchange.
+        let patient = server && matches!(test, PerftestTest::ReadLat | PerftestTest::AtomicLat);
+        ex.finish(ep, test, &my0, &BwReport::default(), patient)?;
         return Ok(PerfOutcome {
             report: rep,
             peer_version,
@@ -756,17 +832,13 @@ pub fn perf(ep: &mut Endpoint, o: &PerfOpts) -> Result<PerfOutcome, String> {
     }
     if server {
         let report = if test == PerftestTest::SendBw {
-            let got = serve_send(ep, o, &setup)?;
-            let my0 = my[0];
-            serve(ep, move |_| conn.close(&my0)).map_err(|e| e.to_string())?;
+            let got = serve_send(ep, o, setup)?;
+            ex.close(ep, &my0, false)?;
             lines.push(format!(" server: {got} messages received"));
             None
         } else {
-            let my0 = my[0];
             // The server waits in the report exchange for the client's whole run.
-            conn.set_io_timeout(None);
-            let rep = serve(ep, move |_| conn.finish(test, &my0, &BwReport::default()))
-                .map_err(|e| e.to_string())?;
+            let rep = ex.finish(ep, test, &my0, &BwReport::default(), true)?;
             rep.map(|b| client_report(o, &b, mtu))
         };
         return Ok(PerfOutcome {
@@ -776,9 +848,9 @@ pub fn perf(ep: &mut Endpoint, o: &PerfOpts) -> Result<PerfOutcome, String> {
             lines,
         });
     }
-    let mut rep = run_client(ep, o, &setup, &rem, mtu)?;
+    let mut rep = run_client(ep, o, setup, rem, mtu)?;
     if o.verify {
-        let (ok, detail) = verify(ep, o, &setup, &rem)?;
+        let (ok, detail) = verify(ep, o, setup, rem)?;
         rep.verified = Some(ok);
         rep.verify_detail = detail;
     }
@@ -790,8 +862,7 @@ pub fn perf(ep: &mut Endpoint, o: &PerfOpts) -> Result<PerfOutcome, String> {
         msg_rate_avg: rep.mpps,
         per_port: None,
     };
-    let my0 = my[0];
-    serve(ep, move |_| conn.finish(test, &my0, &b)).map_err(|e| e.to_string())?;
+    ex.finish(ep, test, &my0, &b, false)?;
     Ok(PerfOutcome {
         report: Some(rep),
         peer_version,
@@ -801,7 +872,7 @@ pub fn perf(ep: &mut Endpoint, o: &PerfOpts) -> Result<PerfOutcome, String> {
 }
 
 /// The client's figures as its report said them (what perftest's server prints).
-fn client_report(o: &PerfOpts, b: &BwReport, mtu: Mtu) -> Report {
+pub(crate) fn client_report(o: &PerfOpts, b: &BwReport, mtu: Mtu) -> Report {
     let bytes = b.size * b.iters;
     let seconds = if b.bw_avg > 0.0 {
         bytes as f64 / (b.bw_avg * 1048576.0)
@@ -825,7 +896,7 @@ fn client_report(o: &PerfOpts, b: &BwReport, mtu: Mtu) -> Report {
 }
 
 /// A send-test server: keeps receives posted until every QP got its `iters` messages.
-fn serve_send(ep: &mut Endpoint, o: &PerfOpts, s: &PerfSetup) -> Result<u64, String> {
+pub(crate) fn serve_send(ep: &mut Endpoint, o: &PerfOpts, s: &PerfSetup) -> Result<u64, String> {
     let want = o.iters * o.qps as u64;
     let mut got = vec![0u64; o.qps];
     let mut posted = vec![RX_DEPTH as u64; o.qps];
@@ -859,7 +930,7 @@ fn serve_send(ep: &mut Endpoint, o: &PerfOpts, s: &PerfSetup) -> Result<u64, Str
     Ok(total)
 }
 
-fn run_client(
+pub(crate) fn run_client(
     ep: &mut Endpoint,
     o: &PerfOpts,
     s: &PerfSetup,
@@ -993,7 +1064,7 @@ fn run_client(
 
 /// Checks the run through the wire by reading back the server's regions (a RoCEmu server
 /// grants that; perftest's own does not, so --verify needs a RoCEmu server).
-fn verify(
+pub(crate) fn verify(
     ep: &mut Endpoint,
     o: &PerfOpts,
     s: &PerfSetup,
@@ -1091,7 +1162,7 @@ fn verify(
 /// of SENDs (ib_send_lat); READ and atomics: the client times each operation alone, the server
 /// is passive (ib_read_lat, ib_atomic_lat). WRITE and SEND report half the round trip, as
 /// perftest does. Returns the figures on the ends that measure.
-fn run_lat(
+pub(crate) fn run_lat(
     ep: &mut Endpoint,
     o: &PerfOpts,
     s: &PerfSetup,

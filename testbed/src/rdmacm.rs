@@ -1,0 +1,519 @@
+//! `rdma_cm` on a real datapath: QP1 (the GSI QP) carrying the IB CM's MADs for a
+//! [`CmAgent`], turned together with the engine, and the steps an `rdma_cm` application takes
+//! to connect an RC QP: [`Cm::connect_rc`] (`rdma_resolve_*` + `rdma_connect`) and
+//! [`Cm::accept_rc`] (`rdma_listen` + `rdma_accept`). Used by `rocemu rping`, by `rocemu perf
+//! --rdma-cm` (perftest's `-R`) and by `rocemu pingpong --rdma-cm`.
+//!
+//! What goes on the wire follows Linux's `rdma_cm` over rxe (`wire/tests/data/cm/`): the REQ's
+//! private data starts with the 36-byte `cma_hdr` naming both IP endpoints, the service ID is the
+//! rdma_cm TCP port space plus the port, and each end's Starting PSN is the PSN it expects to
+//! receive (the peer sends from it).
+use crate::remote::Endpoint;
+use rocemu_emulator::cm::{CmAgent, CmEvent, ConnParams};
+use rocemu_emulator::rnic::mr::MrInfo;
+use rocemu_emulator::rnic::*;
+use rocemu_wire::cm::{CmaHdr, CommId, PortSpace, RejReason, ReqRepr, ServiceId};
+use rocemu_wire::mad::MAD_LEN;
+use rocemu_wire::{Psn, QKey, Qpn};
+use std::collections::VecDeque;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::time::{Duration, Instant};
+
+/// The GSI Q_Key (IBTA 13.5.1).
+const GSI_QKEY: u32 = 0x8001_0000;
+const GRH: usize = 40;
+const MAD_RECVS: usize = 16;
+/// How long a CM step (an answer to a REQ, a REQ on a listener) may take.
+pub(crate) const CM_TIMEOUT: Duration = Duration::from_secs(30);
+const RESOLVE: Duration = Duration::from_secs(5);
+/// Wr ids of QP1's work: receives are `ID_MAD_RECV * 1000 + slot`.
+const ID_MAD_RECV: u64 = 10;
+const ID_MAD_SEND: u64 = 11;
+
+struct Gsi {
+    qpn: Qpn,
+    cq: CqId,
+    mr: MrInfo,
+}
+
+/// QP1 and the CM agent, driven by the engine's turns.
+pub(crate) struct Cm {
+    gsi: Gsi,
+    pub(crate) agent: CmAgent,
+    /// Events the agent reported that no one has taken yet: a step waiting for one event must
+    /// not lose another (a REQ may come in while a SEND's ACK is awaited).
+    events: VecDeque<CmEvent>,
+}
+
+/// An RC QP's side of a connection, as `rdma_connect` / `rdma_accept` describe it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RcSide {
+    pub qpn: Qpn,
+    /// The PSN this end expects to receive first (announced in REQ/REP).
+    pub psn: Psn,
+    /// `enum ibv_mtu` this end asks for (1 = 256 … 5 = 4096).
+    pub path_mtu: u8,
+    /// Reads/atomics this end accepts as responder (`responder_resources`).
+    pub responder_resources: u8,
+    /// Reads/atomics this end keeps in flight as requester (`initiator_depth`).
+    pub initiator_depth: u8,
+    /// Local ACK timeout exponent for the QP (not carried by the CM on RoCE).
+    pub timeout: u8,
+}
+
+/// A connected RC QP.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RcConn {
+    pub id: CommId,
+    pub peer: IpAddr,
+}
+
+impl Cm {
+    pub(crate) fn new(ep: &mut Endpoint) -> Result<Cm, String> {
+        let r = &mut ep.rnic;
+        let pd = r.alloc_pd();
+        let cq = r.create_cq(2 * MAD_RECVS + 8).map_err(|e| e.to_string())?;
+        let mr = r
+            .reg_mr(pd, (MAD_RECVS + 1) * (GRH + MAD_LEN), Access::LOCAL_WRITE)
+            .map_err(|e| e.to_string())?;
+        let init = QpInitAttr {
+            qp_type: QpType::Ud,
+            send_cq: cq,
+            recv_cq: cq,
+            srq: None,
+            cap: QpCap {
+                max_send_wr: 64,
+                max_recv_wr: MAD_RECVS as u32,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 0,
+            },
+            sq_sig_all: true,
+        };
+        let qpn = r.create_gsi_qp(pd, init).map_err(|e| e.to_string())?;
+        let mut a = QpAttr {
+            qp_state: QpState::Init,
+            qkey: QKey(GSI_QKEY),
+            port_num: 1,
+            ..Default::default()
+        };
+        use QpAttrMask as M;
+        r.modify_qp(qpn, &a, M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY)
+            .map_err(|e| e.to_string())?;
+        a.qp_state = QpState::Rtr;
+        r.modify_qp(qpn, &a, M::STATE).map_err(|e| e.to_string())?;
+        a.qp_state = QpState::Rts;
+        r.modify_qp(qpn, &a, M::STATE | M::SQ_PSN)
+            .map_err(|e| e.to_string())?;
+        let gsi = Gsi { qpn, cq, mr };
+        for i in 0..MAD_RECVS {
+            post_mad_recv(r, &gsi, i)?;
+        }
+        let ip = r.ips()[0];
+        let mac = r.mac().0;
+        // The node GUID the way Linux derives it for rxe: the MAC as a modified EUI-64.
+        let guid = u64::from_be_bytes([
+            mac[0] ^ 2,
+            mac[1],
+            mac[2],
+            0xff,
+            0xfe,
+            mac[3],
+            mac[4],
+            mac[5],
+        ]);
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos() as u64;
+        Ok(Cm {
+            gsi,
+            agent: CmAgent::new(ip, guid, seed),
+            events: VecDeque::new(),
+        })
+    }
+
+    /// One turn ([`pump`](Self::pump)), then the oldest event not yet taken.
+    pub(crate) fn turn(&mut self, ep: &mut Endpoint) -> Result<Option<CmEvent>, String> {
+        self.pump(ep)?;
+        Ok(self.events.pop_front())
+    }
+
+    /// Takes the oldest event that `f` wants, leaving the others queued.
+    pub(crate) fn take(&mut self, f: impl Fn(&CmEvent) -> bool) -> Option<CmEvent> {
+        let i = self.events.iter().position(f)?;
+        self.events.remove(i)
+    }
+
+    /// One turn: the engine, MADs in, timers, MADs out; the agent's events are queued.
+    pub(crate) fn pump(&mut self, ep: &mut Endpoint) -> Result<(), String> {
+        let w = ep.engine.poll(&mut ep.rnic);
+        let now = ep.engine.now();
+        let mut wcs = Vec::new();
+        ep.rnic.poll_cq_into(self.gsi.cq, 8, &mut wcs);
+        for wc in &wcs {
+            if wc.wr_id < ID_MAD_RECV * 1000 {
+                continue; // a send completion
+            }
+            let i = (wc.wr_id - ID_MAD_RECV * 1000) as usize;
+            if wc.status == WcStatus::Success && wc.byte_len as usize >= GRH + MAD_LEN {
+                let b = ep.rnic.mr_bytes(self.gsi.mr.lkey).expect("registered");
+                let buf = &b[i * (GRH + MAD_LEN)..(i + 1) * (GRH + MAD_LEN)];
+                if let Some(from) = grh_source(&buf[..GRH]) {
+                    let mad: [u8; MAD_LEN] = buf[GRH..].try_into().expect("MAD_LEN bytes");
+                    self.agent.handle_mad(now, from, &mad);
+                }
+            }
+            post_mad_recv(&mut ep.rnic, &self.gsi, i)?;
+        }
+        if self.agent.poll_timeout().is_some_and(|t| t <= now) {
+            self.agent.handle_timeout(now);
+        }
+        while let Some((to, mad)) = self.agent.poll_transmit() {
+            self.send_mad(ep, to, &mad)?;
+        }
+        let mut new = false;
+        while let Some(e) = self.agent.poll_event() {
+            self.events.push_back(e);
+            new = true;
+        }
+        if !new && w == 0 && wcs.is_empty() {
+            ep.engine.idle(0);
+        }
+        Ok(())
+    }
+
+    fn send_mad(
+        &mut self,
+        ep: &mut Endpoint,
+        to: IpAddr,
+        mad: &[u8; MAD_LEN],
+    ) -> Result<(), String> {
+        let mac = ep.engine.resolve(&mut ep.rnic, to, RESOLVE)?;
+        let off = MAD_RECVS * (GRH + MAD_LEN);
+        ep.rnic.mr_bytes_mut(self.gsi.mr.lkey).expect("registered")[off..off + MAD_LEN]
+            .copy_from_slice(mad);
+        let mut wr = SendWr::new(
+            ID_MAD_SEND,
+            WrOpcode::Send,
+            vec![Sge {
+                addr: self.gsi.mr.addr + off as u64,
+                length: MAD_LEN as u32,
+                lkey: self.gsi.mr.lkey,
+            }],
+        );
+        wr.ud = Some(UdDest {
+            ah: AhAttr::to(to, mac),
+            remote_qpn: Qpn::new(1),
+            remote_qkey: QKey(GSI_QKEY),
+        });
+        ep.rnic
+            .post_send(self.gsi.qpn, wr)
+            .map_err(|e| e.to_string())?;
+        // One send buffer: let it leave before the next MAD is copied in.
+        let t = Instant::now();
+        while ep.rnic.poll_cq(self.gsi.cq, 0).is_empty() && ep.rnic.wants_transmit() {
+            ep.engine.poll(&mut ep.rnic);
+            if t.elapsed() > Duration::from_secs(1) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Turns until the agent reports something.
+    pub(crate) fn wait_event(&mut self, ep: &mut Endpoint, what: &str) -> Result<CmEvent, String> {
+        let t = Instant::now();
+        loop {
+            if let Some(e) = self.turn(ep)? {
+                return Ok(e);
+            }
+            if t.elapsed() > CM_TIMEOUT {
+                return Err(format!(
+                    "rdma_cm: no {what} within {} s",
+                    CM_TIMEOUT.as_secs()
+                ));
+            }
+        }
+    }
+
+    /// Turns until an event about connection `id` comes (others stay queued).
+    fn wait_for(&mut self, ep: &mut Endpoint, id: CommId, what: &str) -> Result<CmEvent, String> {
+        let t = Instant::now();
+        loop {
+            if let Some(e) = self.take(|e| event_id(e) == id) {
+                return Ok(e);
+            }
+            if t.elapsed() > CM_TIMEOUT {
+                return Err(format!(
+                    "rdma_cm: no {what} within {} s",
+                    CM_TIMEOUT.as_secs()
+                ));
+            }
+            self.pump(ep)?;
+        }
+    }
+
+    /// The active side (`rdma_resolve_addr`, `rdma_resolve_route`, `rdma_connect`): a REQ for
+    /// `me` to `server`:`port`, and on the REP the QP goes to RTR and RTS (the agent sends the
+    /// RTU). A REJ "no listener" (reason 8) is retried `rej_retries` times 100 ms apart, as
+    /// perftest's client does: its server listens only after the exchange step before.
+    pub(crate) fn connect_rc(
+        &mut self,
+        ep: &mut Endpoint,
+        server: IpAddr,
+        port: u16,
+        me: &RcSide,
+        rej_retries: u32,
+    ) -> Result<RcConn, String> {
+        let service = ServiceId::rdma_cm(PortSpace::TCP, port);
+        let local = ep.rnic.ips()[0];
+        ep.engine.resolve(&mut ep.rnic, server, RESOLVE)?;
+        let mut tries = 0;
+        loop {
+            // rdma_cm's source port: an ephemeral one, as Linux picks for rdma_resolve_addr.
+            let src_port = 32768 + (ep.engine.now().0 % 28000) as u16;
+            let mut pd = [0u8; 92];
+            CmaHdr::new(SocketAddr::new(local, src_port), server)
+                .and_then(|h| h.emit(&mut pd))
+                .map_err(|e| format!("rdma_cm: {e}"))?;
+            let p = ConnParams {
+                qpn: me.qpn,
+                psn: me.psn,
+                path_mtu: me.path_mtu,
+                responder_resources: me.responder_resources,
+                initiator_depth: me.initiator_depth,
+                private_data: pd,
+                ..ConnParams::default()
+            };
+            let now = ep.engine.now();
+            let id = self.agent.connect(now, server, service, &p);
+            match self.wait_for(ep, id, "answer to our REQ")? {
+                CmEvent::Established {
+                    remote_qpn,
+                    remote_psn,
+                    ..
+                } => {
+                    // The REP's values are in the agent; the initiator depth the peer granted
+                    // bounds our reads in flight.
+                    rc_up(ep, me, me.initiator_depth, server, remote_qpn, remote_psn)?;
+                    return Ok(RcConn { id, peer: server });
+                }
+                CmEvent::Rejected { reason, .. }
+                    if reason == RejReason::INVALID_SERVICE_ID && tries < rej_retries =>
+                {
+                    tries += 1;
+                    let until = Instant::now() + Duration::from_millis(100);
+                    while Instant::now() < until {
+                        self.pump(ep)?;
+                    }
+                }
+                CmEvent::Rejected { reason, .. } => {
+                    return Err(format!(
+                        "rdma_cm: {server} port {port} rejected the connection ({})",
+                        rej_text(reason)
+                    ))
+                }
+                e => return Err(format!("rdma_cm: connecting to {server}: {e:?}")),
+            }
+        }
+    }
+
+    /// The passive side (`rdma_listen`, then `rdma_accept` on the next CONNECT_REQUEST): waits
+    /// for a REQ on `port`, moves the QP to RTR and RTS with the REQ's values, sends the REP and
+    /// waits for the RTU. `prepare` runs once the QP can receive and before the REP leaves
+    /// (post the first receives there: the peer may send as soon as it has the REP). Call
+    /// [`listen`](Self::listen) first.
+    pub(crate) fn accept_rc(
+        &mut self,
+        ep: &mut Endpoint,
+        me: &RcSide,
+        wait: Duration,
+        prepare: impl FnOnce(&mut Endpoint) -> Result<(), String>,
+    ) -> Result<RcConn, String> {
+        let t = Instant::now();
+        let (id, from, req) = loop {
+            if let Some(CmEvent::ConnectRequest { id, from, req }) =
+                self.take(|e| matches!(e, CmEvent::ConnectRequest { .. }))
+            {
+                break (id, from, req);
+            }
+            if t.elapsed() > wait {
+                return Err(format!(
+                    "rdma_cm: no connection request within {} s",
+                    wait.as_secs()
+                ));
+            }
+            self.pump(ep)?;
+        };
+        let mine = accepted(me, &req);
+        rc_up(
+            ep,
+            &mine,
+            req.responder_resources.min(mine.initiator_depth).max(1),
+            from,
+            req.local_qpn,
+            req.starting_psn,
+        )?;
+        prepare(ep)?;
+        let p = ConnParams {
+            qpn: mine.qpn,
+            psn: mine.psn,
+            path_mtu: mine.path_mtu,
+            responder_resources: mine.responder_resources,
+            initiator_depth: mine.initiator_depth,
+            ..ConnParams::default()
+        };
+        let now = ep.engine.now();
+        self.agent.accept(now, id, &p)?;
+        match self.wait_for(ep, id, "RTU")? {
+            CmEvent::Established { .. } => Ok(RcConn { id, peer: from }),
+            e => {
+                self.agent.reject(id, RejReason::CONSUMER_DEFINED);
+                Err(format!("rdma_cm: accepting {from}: {e:?}"))
+            }
+        }
+    }
+
+    /// Listens on `port` of rdma_cm's TCP port space.
+    pub(crate) fn listen(&mut self, port: u16) {
+        self.agent.listen(ServiceId::rdma_cm(PortSpace::TCP, port));
+    }
+
+    /// Ends every connection in `ids` (`rdma_disconnect`): a DREQ for those still up, then
+    /// waits up to `wait` for each to be closed, by our DREQ's DREP or by the peer's DREQ.
+    pub(crate) fn disconnect_all(&mut self, ep: &mut Endpoint, ids: &[CommId], wait: Duration) {
+        use rocemu_emulator::cm::CmState;
+        for &id in ids {
+            if self.agent.state(id) == Some(CmState::Established) {
+                let now = ep.engine.now();
+                let _ = self.agent.disconnect(now, id);
+            }
+        }
+        self.linger(ep, ids, wait);
+    }
+
+    /// Keeps answering (DREQs, repeated MADs) until none of `ids` is established or
+    /// disconnecting any more, or `wait` has passed.
+    pub(crate) fn linger(&mut self, ep: &mut Endpoint, ids: &[CommId], wait: Duration) {
+        use rocemu_emulator::cm::CmState;
+        let until = Instant::now() + wait;
+        while Instant::now() < until {
+            let open = ids.iter().any(|&id| {
+                matches!(
+                    self.agent.state(id),
+                    Some(CmState::Established | CmState::DreqSent)
+                )
+            });
+            if !open {
+                break;
+            }
+            if self.pump(ep).is_err() {
+                break;
+            }
+        }
+        // Let the last answers (DREP, ACKs) leave.
+        let end = Instant::now() + Duration::from_millis(50);
+        while Instant::now() < end {
+            if self.pump(ep).is_err() {
+                break;
+            }
+        }
+    }
+}
+
+/// What the passive side settles from a REQ: the smaller MTU, and reads/atomics no deeper than
+/// the active side offers (IBTA 12.7.31: responder resources ≤ the REQ's initiator depth).
+fn accepted(me: &RcSide, req: &ReqRepr) -> RcSide {
+    let mtu = if (1..=5).contains(&req.path_mtu) {
+        req.path_mtu.min(me.path_mtu)
+    } else {
+        me.path_mtu
+    };
+    RcSide {
+        path_mtu: mtu,
+        responder_resources: me.responder_resources.min(req.initiator_depth),
+        initiator_depth: me.initiator_depth.min(req.responder_resources),
+        ..*me
+    }
+}
+
+fn event_id(e: &CmEvent) -> CommId {
+    match e {
+        CmEvent::ConnectRequest { id, .. }
+        | CmEvent::Established { id, .. }
+        | CmEvent::Rejected { id, .. }
+        | CmEvent::Disconnected { id }
+        | CmEvent::Timeout { id } => *id,
+    }
+}
+
+fn rej_text(r: RejReason) -> String {
+    match r {
+        RejReason::INVALID_SERVICE_ID => "reason 8: nobody listens there".into(),
+        RejReason::CONSUMER_DEFINED => "reason 28: refused by the application".into(),
+        r => format!("reason {}", r.0),
+    }
+}
+
+/// RTR and RTS for a CM-connected RC QP: the peer sends from the PSN we announced, we send from
+/// the one it announced.
+fn rc_up(
+    ep: &mut Endpoint,
+    me: &RcSide,
+    max_rd_atomic: u8,
+    peer: IpAddr,
+    remote_qpn: Qpn,
+    remote_psn: Psn,
+) -> Result<(), String> {
+    ep.engine.resolve(&mut ep.rnic, peer, RESOLVE)?;
+    let active = ep.rnic.active_mtu();
+    let mtu = crate::oob::mtu_from_enum(me.path_mtu as i64)
+        .and_then(|b| Mtu::from_bytes(b as usize))
+        .filter(|m| m.bytes() <= active.bytes())
+        .unwrap_or(active);
+    let o = rocemu_emulator::sim::ConnectOpts {
+        mtu,
+        timeout: me.timeout,
+        max_rd_atomic: max_rd_atomic.max(1),
+        ..Default::default()
+    };
+    rocemu_emulator::sim::bring_up(
+        &mut ep.rnic,
+        me.qpn,
+        remote_qpn,
+        peer,
+        remote_psn,
+        me.psn,
+        &o,
+    )
+    .map_err(|e| format!("modify QP {:#x}: {e}", me.qpn.value()))
+}
+
+fn post_mad_recv(r: &mut Rnic, g: &Gsi, i: usize) -> Result<(), String> {
+    r.post_recv(
+        g.qpn,
+        RecvWr {
+            wr_id: ID_MAD_RECV * 1000 + i as u64,
+            sg_list: vec![Sge {
+                addr: g.mr.addr + (i * (GRH + MAD_LEN)) as u64,
+                length: (GRH + MAD_LEN) as u32,
+                lkey: g.mr.lkey,
+            }],
+        },
+    )
+    .map_err(|e| e.to_string())
+}
+
+/// The sender's address from a UD receive's GRH area (IPv4: 20 zero bytes, then its header).
+fn grh_source(g: &[u8]) -> Option<IpAddr> {
+    if g[..20].iter().all(|&b| b == 0) && g[20] >> 4 == 4 {
+        Some(IpAddr::V4(Ipv4Addr::new(g[32], g[33], g[34], g[35])))
+    } else if g[0] >> 4 == 6 {
+        let mut a = [0u8; 16];
+        a.copy_from_slice(&g[8..24]);
+        Some(IpAddr::V6(Ipv6Addr::from(a)))
+    } else {
+        None
+    }
+}
