@@ -2,6 +2,8 @@
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
+mod agent;
+mod conformance;
 mod datapath;
 mod decode;
 mod demo;
@@ -18,6 +20,10 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Cmd {
+    /// Serve the conformance agent protocol (JSON lines) for a RoCEmu RNIC on --dev.
+    Agent(agent::Args),
+    /// Run the conformance scenarios against RoCEmu (--target self) or an agent; write reports.
+    Conformance(conformance::Args),
     /// Describe every frame of a capture (pcap or pcapng), one line or one JSON object each.
     Decode(decode::Args),
     /// Two RoCEmu RNICs in one process: every verb, then RC over a lossy wire; checks every
@@ -40,6 +46,8 @@ enum Cmd {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match cli.cmd {
+        Cmd::Agent(a) => agent::run(&a),
+        Cmd::Conformance(a) => conformance::run(&a),
         Cmd::Decode(a) => decode::run(&a),
         Cmd::Demo(a) => demo::run(&a),
         Cmd::Perf(a) => perf::run(&a),

@@ -1,0 +1,280 @@
+//! The agent protocol end to end: hand-written JSON lines over a Unix socket (malformed ones
+//! get an error response, never a dropped connection or a crash), and scenarios run through
+//! the JSON client against RoCEmu on an engine and an in-memory port, in real time — the path
+//! `rocemu conformance --target agent:…` takes against `rocemu agent`.
+use rocemu_conformance::agent::server::{serve, EngineBackend, Listener, NullBackend};
+use rocemu_conformance::dut::{PortLink, DUT_IP, DUT_MAC, PEER_IP, PEER_MAC};
+use rocemu_conformance::runner::AgentTarget;
+use rocemu_conformance::scenarios::select;
+use rocemu_emulator::engine::Engine;
+use rocemu_emulator::port::pipe::pipe;
+use rocemu_emulator::rnic::{Rnic, RnicConfig};
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+fn socket_path(name: &str) -> String {
+    let dir = std::env::var("TMPDIR").unwrap_or_else(|_| "/tmp".into());
+    format!(
+        "{dir}/rocemu-conformance-{name}-{}.sock",
+        std::process::id()
+    )
+}
+
+/// Sends one line, returns the response object.
+fn ask(w: &mut UnixStream, r: &mut BufReader<UnixStream>, line: &str) -> Value {
+    writeln!(w, "{line}").unwrap();
+    let mut s = String::new();
+    r.read_line(&mut s).unwrap();
+    serde_json::from_str(&s).unwrap_or_else(|e| panic!("response {s:?} is not JSON: {e}"))
+}
+
+#[test]
+fn hand_written_lines_get_one_response_each() {
+    let path = socket_path("lines");
+    let listener = Listener::bind(&format!("unix:{path}")).unwrap();
+    let server = std::thread::spawn(move || {
+        let rnic = Rnic::new(RnicConfig::new(DUT_MAC, DUT_IP, 7));
+        serve(&listener, &mut NullBackend::new(rnic), Some(1));
+    });
+    let mut w = UnixStream::connect(&path).unwrap();
+    let mut r = BufReader::new(w.try_clone().unwrap());
+
+    let v = ask(&mut w, &mut r, "this is not json");
+    assert_eq!(v["ok"], false);
+    assert!(v["id"].is_null());
+    let v = ask(&mut w, &mut r, r#"{"id":1,"op":"frobnicate"}"#);
+    assert_eq!(
+        (v["id"].as_u64(), v["ok"].as_bool()),
+        (Some(1), Some(false))
+    );
+    assert!(v["error"].as_str().unwrap().contains("unknown op"), "{v}");
+    let v = ask(&mut w, &mut r, r#"{"id":2,"op":"reg_mr","pd":"x"}"#);
+    assert_eq!(v["ok"], false, "{v}");
+
+    let v = ask(&mut w, &mut r, r#"{"id":3,"op":"hello","version":1}"#);
+    assert_eq!(
+        (v["ok"].as_bool(), v["version"].as_u64()),
+        (Some(true), Some(1)),
+        "{v}"
+    );
+    let v = ask(&mut w, &mut r, r#"{"id":4,"op":"hello","version":99}"#);
+    assert_eq!(v["ok"], false, "{v}");
+    let v = ask(&mut w, &mut r, r#"{"id":5,"op":"query_device"}"#);
+    assert_eq!(v["gids"][0], "10.77.0.1", "{v}");
+    assert_eq!(v["active_mtu"], 4096, "{v}");
+
+    let pd = ask(&mut w, &mut r, r#"{"id":6,"op":"alloc_pd"}"#)["pd"]
+        .as_u64()
+        .unwrap();
+    let mr = ask(
+        &mut w,
+        &mut r,
+        &json!({"id":7,"op":"reg_mr","pd":pd,"length":64,"access":15}).to_string(),
+    );
+    assert_eq!(mr["ok"], true, "{mr}");
+    let lkey = mr["lkey"].as_u64().unwrap();
+    let v = ask(
+        &mut w,
+        &mut r,
+        &json!({"id":8,"op":"write_mr","lkey":lkey,"offset":4,"data":"c0ffee"}).to_string(),
+    );
+    assert_eq!(v["ok"], true, "{v}");
+    let v = ask(
+        &mut w,
+        &mut r,
+        &json!({"id":9,"op":"read_mr","lkey":lkey,"offset":3,"length":5}).to_string(),
+    );
+    assert_eq!(v["data"], "00c0ffee00", "{v}");
+    let v = ask(
+        &mut w,
+        &mut r,
+        &json!({"id":10,"op":"read_mr","lkey":lkey,"offset":60,"length":8}).to_string(),
+    );
+    assert_eq!(v["ok"], false, "reading past the MR: {v}");
+    let v = ask(
+        &mut w,
+        &mut r,
+        &json!({"id":11,"op":"write_mr","lkey":lkey,"data":"xyz"}).to_string(),
+    );
+    assert_eq!(v["ok"], false, "bad hex: {v}");
+
+    let cq = ask(&mut w, &mut r, r#"{"id":12,"op":"create_cq","cqe":16}"#)["cq"]
+        .as_u64()
+        .unwrap();
+    let qp = ask(&mut w, &mut r, &json!({"id":13,"op":"create_qp","pd":pd,"type":"rc","send_cq":cq,"recv_cq":cq,"max_send_wr":4}).to_string());
+    let qpn = qp["qpn"].as_u64().unwrap_or_else(|| panic!("{qp}"));
+    let v = ask(&mut w, &mut r, &json!({"id":14,"op":"modify_qp","qpn":qpn,"qp_state":"init","pkey_index":0,"port_num":1,"qp_access_flags":15}).to_string());
+    assert_eq!(v["ok"], true, "{v}");
+    let v = ask(
+        &mut w,
+        &mut r,
+        &json!({"id":15,"op":"query_qp","qpn":qpn}).to_string(),
+    );
+    assert_eq!(v["qp_state"], "init", "{v}");
+    // Posting a send in INIT is an immediate error (IBTA 11.4.1.1).
+    let v = ask(&mut w, &mut r, &json!({"id":16,"op":"post_send","qpn":qpn,"opcode":"send","sg":[{"addr":mr["addr"],"length":8,"lkey":lkey}]}).to_string());
+    assert_eq!(v["ok"], false, "{v}");
+    let v = ask(&mut w, &mut r, &json!({"id":17,"op":"post_recv","qpn":qpn,"wr_id":5,"sg":[{"addr":mr["addr"],"length":8,"lkey":lkey}]}).to_string());
+    assert_eq!(v["ok"], true, "{v}");
+    let v = ask(
+        &mut w,
+        &mut r,
+        &json!({"id":18,"op":"modify_qp","qpn":qpn,"qp_state":"err"}).to_string(),
+    );
+    assert_eq!(v["ok"], true, "{v}");
+    let v = ask(
+        &mut w,
+        &mut r,
+        &json!({"id":19,"op":"poll_cq","cq":cq,"max":4,"wait_ms":500}).to_string(),
+    );
+    assert_eq!(v["wcs"][0]["status"], "IBV_WC_WR_FLUSH_ERR", "{v}");
+    assert_eq!(v["wcs"][0]["wr_id"], 5, "{v}");
+    let v = ask(
+        &mut w,
+        &mut r,
+        &json!({"id":20,"op":"poll_cq","cq":cq,"wait_ms":20}).to_string(),
+    );
+    assert_eq!(v["wcs"], json!([]), "{v}");
+    let v = ask(&mut w, &mut r, r#"{"id":"last","op":"reset"}"#);
+    assert_eq!(
+        (v["id"].as_str(), v["ok"].as_bool()),
+        (Some("last"), Some(true)),
+        "{v}"
+    );
+    let v = ask(
+        &mut w,
+        &mut r,
+        &json!({"id":21,"op":"query_qp","qpn":qpn}).to_string(),
+    );
+    assert_eq!(v["ok"], false, "the QP is gone after reset: {v}");
+    drop((w, r));
+    server.join().unwrap();
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+fn scenarios_run_through_the_json_client_against_an_engine() {
+    let path = socket_path("engine");
+    let listener = Listener::bind(&format!("unix:{path}")).unwrap();
+    let (dut_port, peer_port) = pipe(DUT_MAC, PEER_MAC, 1500);
+    let server = std::thread::spawn(move || {
+        let mut cfg = RnicConfig::new(DUT_MAC, DUT_IP, 11);
+        cfg.eth_mtu = 1500;
+        let mut b = EngineBackend {
+            rnic: Rnic::new(cfg),
+            engine: Engine::new(Box::new(dut_port)),
+        };
+        serve(&listener, &mut b, Some(1));
+    });
+    let link = PortLink::new(Box::new(peer_port), PEER_MAC, PEER_IP);
+    let mut t = AgentTarget::connect(
+        &format!("unix:{path}"),
+        Box::new(link),
+        PEER_MAC,
+        PEER_IP,
+        0,
+    )
+    .unwrap();
+    t.settle = Duration::from_millis(40);
+    let mut failed = Vec::new();
+    let picked = select("hdr.icrc,psn.seq-error,psn.dup.read,rdma.write.bad-rkey,rdma.requester,rnr.responder,ud.qkey,verbs.post-send,sec.rkey");
+    assert!(picked.len() >= 9);
+    for sc in &picked {
+        let r = t.run(sc).result;
+        if !r.passed {
+            failed.push(format!("{}: {}", r.id, r.reason.unwrap_or_default()));
+        }
+    }
+    drop(t);
+    server.join().unwrap();
+    let _ = std::fs::remove_file(&path);
+    assert!(
+        failed.is_empty(),
+        "through the agent:\n{}",
+        failed.join("\n")
+    );
+}
+
+/// A veth pair for the length of a test (deleted on drop).
+struct Veth(String);
+
+impl Veth {
+    /// `None` when interfaces cannot be created here (not root, no `ip`): the test is skipped.
+    fn new(a: &str, b: &str) -> Option<Veth> {
+        let ip = |args: &[&str]| {
+            std::process::Command::new("ip")
+                .args(args)
+                .stderr(std::process::Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        if !ip(&["link", "add", a, "type", "veth", "peer", "name", b]) {
+            return None;
+        }
+        let v = Veth(a.to_string());
+        (ip(&["link", "set", a, "up"]) && ip(&["link", "set", b, "up"])).then_some(v)
+    }
+}
+
+impl Drop for Veth {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip")
+            .args(["link", "del", &self.0])
+            .status();
+    }
+}
+
+#[test]
+fn scenarios_run_over_af_packet_on_a_veth_pair() {
+    use rocemu_emulator::port::af_packet::{AfPacketOptions, AfPacketPort};
+    use rocemu_emulator::port::Port;
+    let n = std::process::id() % 100_000;
+    let (a, b) = (format!("rcfa{n}"), format!("rcfb{n}"));
+    let Some(_veth) = Veth::new(&a, &b) else {
+        eprintln!("skipped: cannot create a veth pair here (needs root and iproute2)");
+        return;
+    };
+    let opts = AfPacketOptions { promiscuous: false };
+    let dut_port = AfPacketPort::open(&a, &opts).expect("AF_PACKET on the device's end");
+    let peer_port = AfPacketPort::open(&b, &opts).expect("AF_PACKET on the peer's end");
+    let (dut_mac, peer_mac) = (dut_port.mac(), peer_port.mac());
+    let path = socket_path("veth");
+    let listener = Listener::bind(&format!("unix:{path}")).unwrap();
+    let server = std::thread::spawn(move || {
+        let mut cfg = RnicConfig::new(dut_mac, DUT_IP, 13);
+        cfg.eth_mtu = dut_port.mtu();
+        let mut b = EngineBackend {
+            rnic: Rnic::new(cfg),
+            engine: Engine::new(Box::new(dut_port)),
+        };
+        serve(&listener, &mut b, Some(1));
+    });
+    let link = PortLink::new(Box::new(peer_port), peer_mac, PEER_IP);
+    let mut t = AgentTarget::connect(
+        &format!("unix:{path}"),
+        Box::new(link),
+        peer_mac,
+        PEER_IP,
+        0,
+    )
+    .unwrap();
+    t.settle = Duration::from_millis(40);
+    let picked = select("hdr.tver,hdr.pad.stripped,psn.dup.atomic,seq.send.multi,rdma.read.multi,rdma.requester.ack,rnr.requester.waits,sec.inject.foreign");
+    let mut failed = Vec::new();
+    for sc in &picked {
+        let r = t.run(sc).result;
+        if !r.passed {
+            failed.push(format!("{}: {}", r.id, r.reason.unwrap_or_default()));
+        }
+    }
+    drop(t);
+    server.join().unwrap();
+    let _ = std::fs::remove_file(&path);
+    assert!(
+        picked.len() >= 8 && failed.is_empty(),
+        "over AF_PACKET:\n{}",
+        failed.join("\n")
+    );
+}

@@ -1,0 +1,908 @@
+//! Every scenario passes against RoCEmu, and fails against a RoCEmu broken on purpose in the
+//! way the scenario is about. The device is broken without touching the RNIC: frame filters
+//! between the wire and the RNIC rewrite what it receives or sends (re-emitting the frame, so
+//! that checksums and the ICRC stay right and only the broken behaviour differs), or an agent
+//! wrapper misbehaves on the control side.
+use rocemu_conformance::agent::{Agent, AgentResult, Reply, Request};
+use rocemu_conformance::dut::{SelfAgent, SharedDut};
+use rocemu_conformance::runner::{run_self, run_self_with};
+use rocemu_conformance::scenarios::{by_id, catalogue};
+use rocemu_emulator::rnic::Access;
+use rocemu_wire::frame::IpRepr;
+use rocemu_wire::{
+    parse_frame, FrameRepr, NakCode, Opcode, Psn, QKey, Qpn, RKey, Syndrome, SyndromeKind,
+};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+
+/// Re-emits a frame after `f` changed its headers or payload (pad bytes are dropped first and
+/// re-added per `bth.pad`): lengths, the IPv4 checksum and the ICRC come out right.
+fn rewrite(frame: Vec<u8>, f: impl FnOnce(&mut FrameRepr, &mut Vec<u8>)) -> Vec<u8> {
+    let Ok(p) = parse_frame(&frame) else {
+        return frame;
+    };
+    let mut repr = FrameRepr::from_parsed(&p);
+    let mut payload = p.payload.to_vec();
+    f(&mut repr, &mut payload);
+    let mut buf = vec![0u8; repr.frame_len(payload.len()) + 64];
+    match repr.emit_with_payload(&mut buf, &payload) {
+        Ok(n) => {
+            buf.truncate(n);
+            buf
+        }
+        Err(_) => frame,
+    }
+}
+
+type Edit = Box<dyn FnMut(&mut FrameRepr, &mut Vec<u8>)>;
+
+/// Breaks the frames the RNIC receives.
+fn rx(
+    edit: impl FnMut(&mut FrameRepr, &mut Vec<u8>) + 'static,
+) -> impl FnOnce(&SharedDut, SelfAgent) -> Box<dyn Agent> {
+    let mut edit: Edit = Box::new(edit);
+    move |dut, agent| {
+        dut.borrow_mut().rx_filter = Some(Box::new(move |f| vec![rewrite(f, &mut edit)]));
+        Box::new(agent)
+    }
+}
+
+/// Breaks the frames the RNIC sends.
+fn tx(
+    edit: impl FnMut(&mut FrameRepr, &mut Vec<u8>) + 'static,
+) -> impl FnOnce(&SharedDut, SelfAgent) -> Box<dyn Agent> {
+    let mut edit: Edit = Box::new(edit);
+    move |dut, agent| {
+        dut.borrow_mut().tx_filter = Some(Box::new(move |f| vec![rewrite(f, &mut edit)]));
+        Box::new(agent)
+    }
+}
+
+/// What a misbehaving agent does with each request, given the real one.
+type Misbehave = Box<dyn FnMut(&mut SelfAgent, Request) -> AgentResult<Reply>>;
+
+/// An agent that lets `f` see (and change) every request and reply.
+struct Wrapped {
+    inner: SelfAgent,
+    f: Misbehave,
+}
+
+impl Agent for Wrapped {
+    fn call(&mut self, req: Request) -> AgentResult<Reply> {
+        (self.f)(&mut self.inner, req)
+    }
+}
+
+fn agent(
+    f: impl FnMut(&mut SelfAgent, Request) -> AgentResult<Reply> + 'static,
+) -> impl FnOnce(&SharedDut, SelfAgent) -> Box<dyn Agent> {
+    move |_, inner| {
+        Box::new(Wrapped {
+            inner,
+            f: Box::new(f),
+        })
+    }
+}
+
+/// Runs `id` against the broken device and checks it fails; returns the reason.
+fn fails(id: &str, breaker: impl FnOnce(&SharedDut, SelfAgent) -> Box<dyn Agent>) -> String {
+    let sc = by_id(id).unwrap_or_else(|| panic!("no scenario {id}"));
+    let run = run_self_with(&sc, breaker);
+    assert!(
+        !run.result.passed,
+        "{id} passed against a device broken for it"
+    );
+    let reason = run.result.reason.unwrap_or_default();
+    eprintln!("{id} fails as it should: {reason}");
+    reason
+}
+
+fn is_nak(r: &FrameRepr, code: NakCode) -> bool {
+    r.ext
+        .aeth
+        .is_some_and(|a| a.syndrome.kind() == SyndromeKind::Nak(code))
+}
+
+/// A device that does not check `what`: the frame reaches the RNIC as if it were right.
+fn ignores(what: fn(&mut FrameRepr)) -> impl FnOnce(&SharedDut, SelfAgent) -> Box<dyn Agent> {
+    rx(move |r, _| what(r))
+}
+
+#[test]
+fn every_scenario_passes_on_rocemu() {
+    let mut failed = Vec::new();
+    for sc in catalogue() {
+        let r = run_self(&sc).result;
+        if !r.passed {
+            failed.push(format!("{}: {}", sc.id, r.reason.unwrap_or_default()));
+        }
+    }
+    assert!(
+        failed.is_empty(),
+        "failing on RoCEmu:\n{}",
+        failed.join("\n")
+    );
+}
+
+#[test]
+fn catalogue_ids_are_unique_and_cited() {
+    let all = catalogue();
+    let mut ids: Vec<_> = all.iter().map(|s| s.id).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), all.len(), "duplicate scenario ids");
+    for s in &all {
+        assert!(
+            !s.spec.is_empty() && !s.title.is_empty(),
+            "{} lacks a title or citation",
+            s.id
+        );
+        assert!(
+            s.id.split('.').count() >= 2,
+            "{}: ids are category.what",
+            s.id
+        );
+    }
+}
+
+// ---- headers -----------------------------------------------------------------------------
+
+#[test]
+fn hdr_icrc_fails_when_the_icrc_is_not_checked() {
+    // Re-emitting recomputes the ICRC: the RNIC never sees a wrong one.
+    fails("hdr.icrc.bad-silent-drop", ignores(|_| {}));
+}
+
+#[test]
+fn hdr_tver_fails_when_tver_is_ignored() {
+    fails("hdr.tver.nonzero-silent-drop", ignores(|r| r.bth.tver = 0));
+}
+
+#[test]
+fn hdr_pkey_fails_when_the_pkey_is_ignored() {
+    fails(
+        "hdr.pkey.mismatch-silent-drop",
+        ignores(|r| r.bth.pkey = rocemu_wire::PKey::DEFAULT),
+    );
+}
+
+#[test]
+fn hdr_dqpn_fails_when_any_qpn_reaches_the_qp() {
+    // The agent side tells the filter which QPs exist; any other QPN goes to the first.
+    let qps: Rc<RefCell<Vec<Qpn>>> = Rc::default();
+    let seen = qps.clone();
+    fails(
+        "hdr.dqpn.unknown-silent-drop",
+        move |dut: &SharedDut, inner: SelfAgent| {
+            let q = qps.clone();
+            dut.borrow_mut().rx_filter = Some(Box::new(move |f| {
+                vec![rewrite(f, |r, _| {
+                    let q = q.borrow();
+                    if !q.contains(&r.bth.dqpn) {
+                        if let Some(first) = q.first() {
+                            r.bth.dqpn = *first;
+                        }
+                    }
+                })]
+            }));
+            Box::new(Wrapped {
+                inner,
+                f: Box::new(move |a, req| {
+                    let r = a.call(req)?;
+                    if let Reply::Qp(q) = &r {
+                        seen.borrow_mut().push(*q);
+                    }
+                    Ok(r)
+                }),
+            })
+        },
+    );
+}
+
+#[test]
+fn hdr_uc_on_rc_fails_when_the_service_type_is_ignored() {
+    fails(
+        "hdr.opcode.uc-on-rc-silent-drop",
+        ignores(|r| {
+            if r.bth.opcode == Opcode::UC_SEND_ONLY {
+                r.bth.opcode = Opcode::RC_SEND_ONLY;
+            }
+        }),
+    );
+}
+
+#[test]
+fn hdr_pad_fails_when_pad_bytes_are_delivered() {
+    fails(
+        "hdr.pad.stripped",
+        rx(|r, p| {
+            p.extend(std::iter::repeat_n(0, r.bth.pad as usize));
+            r.bth.pad = 0;
+        }),
+    );
+}
+
+#[test]
+fn hdr_first_short_fails_when_naks_are_muted() {
+    fails("hdr.pad.first-short-nak", mute_naks());
+}
+
+// ---- PSNs and sequencing -------------------------------------------------------------------
+
+/// Drops every NAK the RNIC sends.
+fn mute_naks() -> impl FnOnce(&SharedDut, SelfAgent) -> Box<dyn Agent> {
+    |dut: &SharedDut, agent| {
+        dut.borrow_mut().tx_filter = Some(Box::new(|f| {
+            let nak = parse_frame(&f).is_ok_and(|p| {
+                p.ext
+                    .aeth
+                    .is_some_and(|a| matches!(a.syndrome.kind(), SyndromeKind::Nak(_)))
+            });
+            if nak {
+                vec![]
+            } else {
+                vec![f]
+            }
+        }));
+        Box::new(agent)
+    }
+}
+
+/// A device blind to PSNs: every request reaches the RNIC renumbered as the next in sequence
+/// (the agent side tells the filter each QP's rq_psn), so gaps, duplicates and injected PSNs
+/// all look new.
+fn psn_blind() -> impl FnOnce(&SharedDut, SelfAgent) -> Box<dyn Agent> {
+    let next: Rc<RefCell<HashMap<Qpn, Psn>>> = Rc::default();
+    move |dut: &SharedDut, inner: SelfAgent| {
+        let n = next.clone();
+        dut.borrow_mut().rx_filter = Some(Box::new(move |f| {
+            vec![rewrite(f, |r, _| {
+                if !r.bth.opcode.info().is_request() {
+                    return;
+                }
+                if let Some(p) = n.borrow_mut().get_mut(&r.bth.dqpn) {
+                    r.bth.psn = *p;
+                    *p = p.next();
+                }
+            })]
+        }));
+        Box::new(Wrapped {
+            inner,
+            f: Box::new(move |a, req| {
+                if let Request::ModifyQp { qpn, attr } = &req {
+                    if let Some(p) = attr.rq_psn {
+                        next.borrow_mut().insert(*qpn, p);
+                    }
+                }
+                a.call(req)
+            }),
+        })
+    }
+}
+
+#[test]
+fn psn_seq_error_fails_when_naks_come_twice() {
+    fails("psn.seq-error.nak-once", |dut: &SharedDut, agent| {
+        dut.borrow_mut().tx_filter = Some(Box::new(|f| {
+            let nak = parse_frame(&f).is_ok_and(|p| {
+                p.ext.aeth.is_some_and(|a| {
+                    a.syndrome.kind() == SyndromeKind::Nak(NakCode::PsnSequenceError)
+                })
+            });
+            if nak {
+                vec![f.clone(), f]
+            } else {
+                vec![f]
+            }
+        }));
+        Box::new(agent) as Box<dyn Agent>
+    });
+    fails("psn.seq-error.nak-once", psn_blind());
+}
+
+#[test]
+fn psn_duplicates_fail_when_duplicates_are_executed_again() {
+    for id in [
+        "psn.dup.send-reacked-once-delivered",
+        "psn.dup.write-reacked-not-reapplied",
+        "psn.dup.read-reexecuted",
+        "psn.dup.atomic-replayed-not-reapplied",
+    ] {
+        fails(id, psn_blind());
+    }
+}
+
+#[test]
+fn psn_dup_send_fails_when_duplicates_are_not_reacked() {
+    // Every ACK after the first for a PSN is lost: a device that does not re-ACK.
+    let mut acked: Vec<Psn> = Vec::new();
+    fails(
+        "psn.dup.send-reacked-once-delivered",
+        move |dut: &SharedDut, agent| {
+            dut.borrow_mut().tx_filter = Some(Box::new(move |f| {
+                let Ok(p) = parse_frame(&f) else {
+                    return vec![f];
+                };
+                if p.bth.opcode == Opcode::RC_ACKNOWLEDGE {
+                    if acked.contains(&p.bth.psn) {
+                        return vec![];
+                    }
+                    acked.push(p.bth.psn);
+                }
+                vec![f]
+            }));
+            Box::new(agent) as Box<dyn Agent>
+        },
+    );
+}
+
+#[test]
+fn psn_dup_read_fails_when_the_response_is_stale() {
+    // A device that replays the first response's bytes instead of reading memory again.
+    let mut first: Option<Vec<u8>> = None;
+    fails(
+        "psn.dup.read-reexecuted",
+        tx(move |r, p| {
+            if r.bth.opcode == Opcode::RC_RDMA_READ_RESPONSE_ONLY {
+                match &first {
+                    Some(old) => *p = old.clone(),
+                    None => first = Some(p.clone()),
+                }
+            }
+        }),
+    );
+}
+
+#[test]
+fn psn_wrap_responder_fails_when_the_wrap_is_not_followed() {
+    // A responder that loses what comes after 0xffffff.
+    fails("psn.wrap.responder", |dut: &SharedDut, agent| {
+        dut.borrow_mut().rx_filter = Some(Box::new(|f| {
+            let wrapped = parse_frame(&f).is_ok_and(|p| p.bth.psn.value() < 2);
+            if wrapped {
+                vec![]
+            } else {
+                vec![f]
+            }
+        }));
+        Box::new(agent) as Box<dyn Agent>
+    });
+}
+
+#[test]
+fn psn_wrap_requester_fails_when_psn_0_is_skipped() {
+    fails(
+        "psn.wrap.requester",
+        tx(|r, _| {
+            if r.bth.opcode == Opcode::RC_RDMA_WRITE_LAST && r.bth.psn == Psn::new(0) {
+                r.bth.psn = Psn::new(1);
+            }
+        }),
+    );
+}
+
+#[test]
+fn sequence_scenarios_fail_when_naks_are_muted_or_sequence_is_ignored() {
+    for id in [
+        "seq.middle-without-first-nak",
+        "seq.write-inside-send-nak",
+        "seq.write-last-without-first-nak",
+    ] {
+        fails(id, mute_naks());
+    }
+    // A device that takes any MIDDLE or LAST as the start of a message.
+    fails(
+        "seq.middle-without-first-nak",
+        ignores(|r| {
+            if r.bth.opcode == Opcode::RC_SEND_MIDDLE {
+                r.bth.opcode = Opcode::RC_SEND_FIRST;
+            }
+        }),
+    );
+}
+
+// ---- RDMA access -----------------------------------------------------------------------------
+
+/// Rewrites the NAK code of every NAK the RNIC sends.
+fn nak_code(from: NakCode, to: NakCode) -> impl FnOnce(&SharedDut, SelfAgent) -> Box<dyn Agent> {
+    tx(move |r, _| {
+        if is_nak(r, from) {
+            if let Some(a) = r.ext.aeth.as_mut() {
+                a.syndrome = Syndrome::nak(to);
+            }
+        }
+    })
+}
+
+#[test]
+fn access_scenarios_fail_on_the_wrong_nak_code() {
+    for id in [
+        "rdma.write.bad-rkey-nak",
+        "rdma.write.out-of-bounds-nak",
+        "rdma.write.mr-without-remote-write-nak",
+        "rdma.read.bad-rkey-nak",
+        "rdma.read.out-of-bounds-nak",
+        "sec.access.other-pd-nak",
+        "sec.access.deregistered-rkey-nak",
+    ] {
+        let why = fails(
+            id,
+            nak_code(NakCode::RemoteAccessError, NakCode::InvalidRequest),
+        );
+        assert!(why.contains("RemoteAccessError"), "{id}: {why}");
+    }
+    fails(
+        "rdma.atomic.misaligned-nak",
+        nak_code(NakCode::InvalidRequest, NakCode::RemoteAccessError),
+    );
+}
+
+#[test]
+fn access_scenarios_fail_when_access_is_granted() {
+    // The control side grants more than asked.
+    fails(
+        "rdma.write.mr-without-remote-write-nak",
+        agent(|a, req| match req {
+            Request::RegMr { pd, length, .. } => a.call(Request::RegMr {
+                pd,
+                length,
+                access: Access::ALL,
+            }),
+            r => a.call(r),
+        }),
+    );
+    fails(
+        "sec.access.qp-without-remote-write-nak",
+        agent(|a, req| match req {
+            Request::ModifyQp { qpn, mut attr } => {
+                if let Some(f) = attr.qp_access_flags.as_mut() {
+                    *f = *f | Access::REMOTE_WRITE;
+                }
+                a.call(Request::ModifyQp { qpn, attr })
+            }
+            r => a.call(r),
+        }),
+    );
+    // Every PD is the first: an MR of "another" PD is the QP's.
+    let mut first_pd = None;
+    fails(
+        "sec.access.other-pd-nak",
+        agent(move |a, req| match req {
+            Request::AllocPd => match first_pd {
+                Some(p) => Ok(Reply::Pd(p)),
+                None => {
+                    let r = a.call(Request::AllocPd)?;
+                    if let Reply::Pd(p) = r {
+                        first_pd = Some(p);
+                    }
+                    Ok(r)
+                }
+            },
+            r => a.call(r),
+        }),
+    );
+    // dereg_mr that does nothing.
+    fails(
+        "sec.access.deregistered-rkey-nak",
+        agent(|a, req| match req {
+            Request::DeregMr { .. } => Ok(Reply::Done),
+            r => a.call(r),
+        }),
+    );
+}
+
+#[test]
+fn zero_length_write_fails_when_the_rkey_is_checked() {
+    // A device that NAKs a zero-length WRITE (checking R_Key 0).
+    fails(
+        "rdma.write.zero-length-acked",
+        tx(|r, _| {
+            if r.bth.opcode == Opcode::RC_ACKNOWLEDGE {
+                if let Some(a) = r.ext.aeth.as_mut() {
+                    a.syndrome = Syndrome::nak(NakCode::RemoteAccessError);
+                }
+            }
+        }),
+    );
+}
+
+#[test]
+fn requester_scenarios_fail_when_responses_are_misread() {
+    // The requester takes a remote access NAK for a remote operational one.
+    fails(
+        "rdma.requester.nak-rem-access-completes-error",
+        rx(|r, _| {
+            if is_nak(r, NakCode::RemoteAccessError) {
+                if let Some(a) = r.ext.aeth.as_mut() {
+                    a.syndrome = Syndrome::nak(NakCode::RemoteOperationalError);
+                }
+            }
+        }),
+    );
+    // The READ request asks for one byte too many.
+    fails(
+        "rdma.read.requester-multi-packet",
+        tx(|r, _| {
+            if let Some(e) = r.ext.reth.as_mut() {
+                e.dma_len += 1;
+            }
+        }),
+    );
+    // The retried READ starts over from the first byte.
+    let mut first_va = None;
+    fails(
+        "rdma.read.partial-retry",
+        tx(move |r, _| {
+            if r.bth.opcode == Opcode::RC_RDMA_READ_REQUEST {
+                if let Some(e) = r.ext.reth.as_mut() {
+                    let va = *first_va.get_or_insert(e.va);
+                    e.dma_len += (e.va - va) as u32;
+                    e.va = va;
+                }
+            }
+        }),
+    );
+}
+
+// ---- RNR, ACKs, UD -----------------------------------------------------------------------------
+
+#[test]
+fn rnr_scenarios_fail_with_the_wrong_timer() {
+    fails(
+        "rnr.responder.nak-with-min-rnr-timer",
+        tx(|r, _| {
+            if let Some(a) = r.ext.aeth.as_mut() {
+                if let SyndromeKind::RnrNak { .. } = a.syndrome.kind() {
+                    a.syndrome = Syndrome::rnr_nak(0);
+                }
+            }
+        }),
+    );
+    // The requester reads the timer as code 1 (10 µs) and comes back too early.
+    fails(
+        "rnr.requester.waits-timer",
+        rx(|r, _| {
+            if let Some(a) = r.ext.aeth.as_mut() {
+                if let SyndromeKind::RnrNak { .. } = a.syndrome.kind() {
+                    a.syndrome = Syndrome::rnr_nak(1);
+                }
+            }
+        }),
+    );
+}
+
+#[test]
+fn ack_msn_fails_with_a_wrong_msn() {
+    fails(
+        "ack.msn.counts-messages",
+        tx(|r, _| {
+            if let Some(a) = r.ext.aeth.as_mut() {
+                a.msn = rocemu_wire::Msn::new(a.msn.value() + 1);
+            }
+        }),
+    );
+}
+
+#[test]
+fn ud_qkey_fails_when_the_qkey_is_ignored() {
+    fails(
+        "ud.qkey.mismatch-silent-drop",
+        ignores(|r| {
+            if let Some(d) = r.ext.deth.as_mut() {
+                d.qkey = QKey(0x1111_1111);
+            }
+        }),
+    );
+}
+
+// ---- verbs and QP states ------------------------------------------------------------------------
+
+/// An agent that reports success for `op` whatever the device said.
+fn swallows(op: &'static str) -> impl FnOnce(&SharedDut, SelfAgent) -> Box<dyn Agent> {
+    agent(move |a, req| {
+        let name = req.op();
+        match a.call(req) {
+            Err(_) if name == op => Ok(Reply::Done),
+            r => r,
+        }
+    })
+}
+
+#[test]
+fn verbs_scenarios_fail_when_errors_are_swallowed() {
+    fails("verbs.post-send.before-rts-rejected", swallows("post_send"));
+    fails("verbs.post-recv.reset-rejected", swallows("post_recv"));
+    fails("verbs.modify.reset-to-rts-rejected", swallows("modify_qp"));
+}
+
+#[test]
+fn err_scenarios_fail_when_flushes_or_resets_go_missing() {
+    fails(
+        "qp.err.flushes-work",
+        agent(|a, req| match a.call(req)? {
+            Reply::Wcs(w) => Ok(Reply::Wcs(
+                w.into_iter()
+                    .filter(|c| c.status != "IBV_WC_WR_FLUSH_ERR")
+                    .collect(),
+            )),
+            r => Ok(r),
+        }),
+    );
+    fails(
+        "qp.err.reset-and-reconnect",
+        agent(|a, req| match req {
+            Request::ModifyQp { attr, .. }
+                if attr.qp_state == Some(rocemu_emulator::rnic::QpState::Reset) =>
+            {
+                Ok(Reply::Done)
+            }
+            r => a.call(r),
+        }),
+    );
+}
+
+// ---- security -------------------------------------------------------------------------------
+
+#[test]
+fn predictability_scenarios_fail_on_sequential_values() {
+    // rxe's scheme: an index in the upper bits, a random byte in the low 8.
+    let mut n = 0u32;
+    fails(
+        "sec.rkey.unpredictable",
+        agent(move |a, req| match a.call(req)? {
+            Reply::Mr(mut m) => {
+                n += 1;
+                m.rkey = RKey(((0x40 + n) << 8) | (n.wrapping_mul(97) & 0xff));
+                Ok(Reply::Mr(m))
+            }
+            r => Ok(r),
+        }),
+    );
+    let mut k = 0u32;
+    fails(
+        "sec.qpn.unpredictable",
+        agent(move |a, req| match a.call(req)? {
+            Reply::Qp(_) => {
+                k += 1;
+                Ok(Reply::Qp(Qpn::new(0x11 + k)))
+            }
+            r => Ok(r),
+        }),
+    );
+}
+
+#[test]
+fn injection_scenarios_fail_when_injections_land() {
+    fails("sec.inject.future-psn-not-applied", psn_blind());
+    fails("sec.inject.past-psn-not-applied", psn_blind());
+    // A device that does not check the source address of a connected QP's packets.
+    fails(
+        "sec.inject.foreign-source-dropped",
+        ignores(|r| {
+            if let IpRepr::V4(ip) = &mut r.ip {
+                ip.src = std::net::Ipv4Addr::new(10, 77, 0, 2);
+            }
+        }),
+    );
+}
+
+// ---- more headers, messages, the requester --------------------------------------------------
+
+#[test]
+fn more_header_scenarios_fail_when_the_check_is_missing() {
+    // Re-emitting recomputes the IPv4 checksum: a device that does not check it.
+    fails("hdr.ipv4.bad-checksum-silent-drop", ignores(|_| {}));
+    // Any UDP port taken for RoCEv2: the port is patched in place (the parser would not take
+    // the frame otherwise), then the frame re-emitted for its ICRC.
+    fails("hdr.udp.other-port-ignored", |dut: &SharedDut, agent| {
+        dut.borrow_mut().rx_filter = Some(Box::new(|mut f| {
+            // Ethernet 14 + IPv4 20 + the UDP source port 2.
+            if f.len() > 38 && f[12..14] == [0x08, 0x00] {
+                f[36..38].copy_from_slice(&4791u16.to_be_bytes());
+            }
+            vec![rewrite(f, |_, _| {})]
+        }));
+        Box::new(agent) as Box<dyn Agent>
+    });
+    fails(
+        "hdr.ip.other-destination-ignored",
+        ignores(|r| {
+            if let IpRepr::V4(ip) = &mut r.ip {
+                ip.dst = std::net::Ipv4Addr::new(10, 77, 0, 1);
+            }
+        }),
+    );
+    // A device that takes only full-member P_Keys.
+    fails(
+        "hdr.pkey.limited-member-accepted",
+        |dut: &SharedDut, agent| {
+            dut.borrow_mut().rx_filter = Some(Box::new(|f| {
+                let limited = parse_frame(&f).is_ok_and(|p| !p.bth.pkey.is_full_member());
+                if limited {
+                    vec![]
+                } else {
+                    vec![f]
+                }
+            }));
+            Box::new(agent) as Box<dyn Agent>
+        },
+    );
+}
+
+#[test]
+fn message_scenarios_fail_when_messages_are_mishandled() {
+    // The MIDDLE's bytes go missing.
+    fails(
+        "seq.send.multi-packet-delivered",
+        rx(|r, p| {
+            if r.bth.opcode == Opcode::RC_SEND_MIDDLE {
+                p.fill(0);
+            }
+        }),
+    );
+    // The RETH length is not compared with the payload.
+    fails(
+        "seq.write.length-mismatch-nak",
+        rx(|r, p| {
+            if let Some(e) = r.ext.reth.as_mut() {
+                e.dma_len = p.len() as u32;
+            }
+        }),
+    );
+    // Receives are posted four times as long as asked.
+    fails(
+        "seq.send.longer-than-receive-nak",
+        agent(|a, req| match req {
+            Request::PostRecv { qpn, mut wr } => {
+                for s in &mut wr.sg {
+                    s.length *= 4;
+                }
+                a.call(Request::PostRecv { qpn, wr })
+            }
+            r => a.call(r),
+        }),
+    );
+    fails("seq.middle.short-nak", mute_naks());
+    // Only the first NAK of a QP's life goes out.
+    let mut naked = false;
+    fails(
+        "psn.seq-error.nak-rearmed",
+        move |dut: &SharedDut, agent| {
+            dut.borrow_mut().tx_filter = Some(Box::new(move |f| {
+                let nak = parse_frame(&f).is_ok_and(|p| {
+                    p.ext
+                        .aeth
+                        .is_some_and(|a| matches!(a.syndrome.kind(), SyndromeKind::Nak(_)))
+                });
+                if nak && naked {
+                    return vec![];
+                }
+                naked |= nak;
+                vec![f]
+            }));
+            Box::new(agent) as Box<dyn Agent>
+        },
+    );
+    for id in [
+        "rdma.write-imm.consumes-receive",
+        "rdma.send-imm.delivers-imm",
+    ] {
+        fails(
+            id,
+            rx(|r, _| {
+                if let Some(i) = r.ext.imm.as_mut() {
+                    *i ^= 1;
+                }
+            }),
+        );
+    }
+    fails(
+        "rdma.atomic.cmp-swap",
+        tx(|r, _| {
+            if let Some(a) = r.ext.atomic_ack.as_mut() {
+                a.orig += 1;
+            }
+        }),
+    );
+    for (id, grant) in [
+        (
+            "rdma.atomic.qp-without-remote-atomic-nak",
+            Access::REMOTE_ATOMIC,
+        ),
+        ("rdma.read.qp-without-remote-read-nak", Access::REMOTE_READ),
+    ] {
+        fails(
+            id,
+            agent(move |a, req| match req {
+                Request::ModifyQp { qpn, mut attr } => {
+                    if let Some(f) = attr.qp_access_flags.as_mut() {
+                        *f = *f | grant;
+                    }
+                    a.call(Request::ModifyQp { qpn, attr })
+                }
+                r => a.call(r),
+            }),
+        );
+    }
+    fails(
+        "rdma.read.multi-packet-responses",
+        tx(|r, _| {
+            if r.bth.opcode == Opcode::RC_RDMA_READ_RESPONSE_MIDDLE {
+                r.bth.psn = r.bth.psn.next();
+            }
+        }),
+    );
+}
+
+#[test]
+fn more_requester_scenarios_fail_when_responses_are_misread() {
+    fails(
+        "rdma.requester.fetch-add",
+        rx(|r, _| {
+            if let Some(a) = r.ext.atomic_ack.as_mut() {
+                a.orig += 1;
+            }
+        }),
+    );
+    // An ACK taken to cover only the first of the PSNs it acknowledges.
+    fails(
+        "rdma.requester.ack-coalesced",
+        rx(|r, _| {
+            if r.bth.opcode == Opcode::RC_ACKNOWLEDGE {
+                r.bth.psn = r.bth.psn.sub(2);
+            }
+        }),
+    );
+    // A NAK taken one PSN too early: the device goes back too far.
+    fails(
+        "rdma.requester.seq-nak-go-back",
+        rx(|r, _| {
+            if is_nak(r, NakCode::PsnSequenceError) {
+                r.bth.psn = r.bth.psn.sub(1);
+            }
+        }),
+    );
+    // Retry counters that are not honoured.
+    fails(
+        "rnr.requester.retry-exhausted",
+        agent(|a, req| match req {
+            Request::ModifyQp { qpn, mut attr } => {
+                if attr.rnr_retry.is_some() {
+                    attr.rnr_retry = Some(3);
+                }
+                a.call(Request::ModifyQp { qpn, attr })
+            }
+            r => a.call(r),
+        }),
+    );
+    fails(
+        "ack.timeout.retry-exhausted",
+        agent(|a, req| match req {
+            Request::ModifyQp { qpn, mut attr } => {
+                if attr.retry_cnt.is_some() {
+                    attr.retry_cnt = Some(3);
+                }
+                a.call(Request::ModifyQp { qpn, attr })
+            }
+            r => a.call(r),
+        }),
+    );
+    fails("verbs.modify.rtr-needs-attributes", swallows("modify_qp"));
+}
+
+/// The scenarios no test above breaks a device for. Keep this list empty: a scenario that
+/// cannot be shown to fail proves nothing.
+#[test]
+fn every_scenario_has_a_failing_device_test() {
+    let src = include_str!("broken.rs");
+    let missing: Vec<&str> = catalogue()
+        .iter()
+        .map(|s| s.id)
+        .filter(|id| !src.contains(&format!("\"{id}\"")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "scenarios without a failing-device test: {missing:?}"
+    );
+}

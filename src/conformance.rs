@@ -1,0 +1,150 @@
+//! `rocemu conformance`: runs the scenario catalogue against a device and writes the reports
+//! (`docs/conformance.md`).
+use rocemu_conformance::dut::{PortLink, PEER_IP};
+use rocemu_conformance::runner::{self, AgentTarget, Report};
+use rocemu_conformance::scenarios;
+use rocemu_emulator::port::af_packet::{AfPacketOptions, AfPacketPort, KernelGuard};
+use rocemu_emulator::port::Port;
+use rocemu_wire::eth::Mac;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// The device under test: `self` (a RoCEmu RNIC in-process, in virtual time) or
+    /// `agent:ADDR` (an agent at tcp:HOST:PORT or unix:PATH, with --dev for the peer's port).
+    #[arg(long, default_value = "self")]
+    target: String,
+    /// With an agent target: the peer's datapath, af_packet:IFACE on the device's link.
+    #[arg(long)]
+    dev: Option<String>,
+    /// With an agent target: the peer's address (default 10.77.0.2).
+    #[arg(long)]
+    ip: Option<String>,
+    /// With an agent target: the peer's MAC (default: the port's).
+    #[arg(long)]
+    mac: Option<String>,
+    /// With an agent target: the GID index of the device's address to test.
+    #[arg(long, default_value_t = 0)]
+    gid_index: usize,
+    /// With an agent target: how long the peer listens for answers, in ms.
+    #[arg(long, default_value_t = 100)]
+    settle_ms: u64,
+    /// Run only the scenarios whose id contains PATTERN (several: comma-separated).
+    #[arg(long)]
+    filter: Option<String>,
+    /// Where report.json, junit.xml, matrix.md and pcap/ go.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Print the catalogue with its citations and exit.
+    #[arg(long)]
+    list: bool,
+    /// Print a Markdown matrix of earlier runs side by side (their report.json files) and exit.
+    #[arg(long, num_args = 1.., value_name = "REPORT")]
+    matrix: Vec<PathBuf>,
+    /// Column names for --matrix, in order (default: each run's device).
+    #[arg(long, value_delimiter = ',')]
+    names: Vec<String>,
+}
+
+pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
+    let selected = scenarios::select(a.filter.as_deref().unwrap_or(""));
+    if !a.matrix.is_empty() {
+        let mut reports = Vec::new();
+        for p in &a.matrix {
+            let text = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
+            let v: serde_json::Value =
+                serde_json::from_str(&text).map_err(|e| format!("{}: {e}", p.display()))?;
+            reports.push(v);
+        }
+        print!("{}", runner::side_by_side(&reports, &a.names)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    if a.list {
+        print!("{}", runner::list(&selected));
+        return Ok(ExitCode::SUCCESS);
+    }
+    if selected.is_empty() {
+        return Err(format!(
+            "--filter {}: no scenario matches",
+            a.filter.as_deref().unwrap_or("")
+        )
+        .into());
+    }
+    let out = a.out.as_deref();
+    let report = if a.target == "self" {
+        let cases = selected
+            .iter()
+            .map(|sc| runner::record(runner::run_self(sc), out))
+            .collect();
+        Report {
+            target: "self".into(),
+            device: "RoCEmu in-process, virtual time".into(),
+            cases,
+        }
+    } else if let Some(addr) = a.target.strip_prefix("agent:") {
+        run_agent(a, addr, &selected)?
+    } else {
+        return Err(format!("--target {}: give self or agent:ADDR", a.target).into());
+    };
+    print!("{}", report.summary());
+    if let Some(dir) = out {
+        report.write(dir)?;
+        println!("reports in {}", dir.display());
+    }
+    Ok(if report.failed() == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+fn run_agent(
+    a: &Args,
+    addr: &str,
+    selected: &[rocemu_conformance::scenario::Scenario],
+) -> Result<Report, String> {
+    let dev = a
+        .dev
+        .as_deref()
+        .ok_or("--target agent:… needs --dev af_packet:IFACE for the peer's port")?;
+    let ifname = dev
+        .strip_prefix("af_packet:")
+        .ok_or_else(|| format!("--dev {dev}: the peer runs on af_packet:IFACE"))?;
+    let mac: Option<Mac> = match &a.mac {
+        Some(m) => Some(m.parse().map_err(|e| format!("--mac {m}: {e}"))?),
+        None => None,
+    };
+    let ip: IpAddr = match &a.ip {
+        Some(s) => s
+            .parse()
+            .map_err(|_| format!("--ip {s}: not an IP address"))?,
+        None => PEER_IP,
+    };
+    let port = AfPacketPort::open(
+        ifname,
+        &AfPacketOptions {
+            promiscuous: mac.is_some(),
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    // The peer's address is not the kernel's: keep the kernel from answering RoCEv2 datagrams
+    // to addresses it does own with ICMP.
+    let _guard = KernelGuard::new();
+    let mac = mac.unwrap_or(port.mac());
+    let link = PortLink::new(Box::new(port), mac, ip);
+    let mut t = AgentTarget::connect(addr, Box::new(link), mac, ip, a.gid_index)?;
+    t.settle = Duration::from_millis(a.settle_ms);
+    let device = format!("{} at {} ({})", t.dev.name, t.dut_ip, t.dev.mac);
+    let cases = selected
+        .iter()
+        .map(|sc| runner::record(t.run(sc), a.out.as_deref()))
+        .collect();
+    Ok(Report {
+        target: format!("agent:{addr}"),
+        device,
+        cases,
+    })
+}
