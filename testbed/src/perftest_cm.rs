@@ -48,6 +48,11 @@ use std::time::{Duration, Instant};
 const SLOTS: usize = 4;
 const SLOT: usize = 64;
 const ID_SEND: u64 = u64::MAX;
+/// Local ACK timeout exponent of the exchange QP: 4.096 µs × 2^17 ≈ 0.5 s, so that with its 7
+/// retries it rides out a slow peer (a TCG guest stalls for tenths of a second) where `-u` may be
+/// tuned short for the test QPs. (rdma_cm itself gives RoCE QPs the path's packet lifetime + 1,
+/// about 2 s.)
+const CTL_ACK_TIMEOUT: u8 = 17;
 /// How long one exchange message may take unless a step says otherwise.
 const IO_TIMEOUT: Duration = Duration::from_secs(60);
 /// REJ "no listener" answers to a test QP's REQ tolerated (100 ms apart): the server listens
@@ -352,7 +357,10 @@ pub(crate) fn perf(ep: &mut Endpoint, o: &PerfOpts) -> Result<PerfOutcome, Strin
     };
     let want_enum = mtu_to_enum(want as u32).unwrap_or(3);
     // 1. The exchange connection.
-    let ctl_side = side(ctl.qpn, want_enum);
+    let ctl_side = RcSide {
+        timeout: CTL_ACK_TIMEOUT,
+        ..side(ctl.qpn, want_enum)
+    };
     ctl.conn = Some(match peer {
         Some(ip) => {
             let c = cm.connect_rc(ep, ip, o.port, &ctl_side, REJ_RETRIES)?;
