@@ -34,7 +34,7 @@ use crate::oob::{
 use crate::rdmacm::{Cm, RcConn, RcSide, CM_TIMEOUT};
 use crate::remote::{
     data_phase, dests, perf_setup, post_server_recvs, random_psn, Endpoint, Exchange, PerfOpts,
-    PerfOutcome, OUT_READS, RX_DEPTH,
+    PerfOutcome, Step, OUT_READS, RX_DEPTH,
 };
 use rocemu_emulator::cm::CmEvent;
 use rocemu_emulator::rnic::mr::MrInfo;
@@ -284,28 +284,14 @@ impl CmExchange<'_> {
 }
 
 impl Exchange for CmExchange<'_> {
-    fn sync(&mut self, ep: &mut Endpoint, my0: &PerftestDest) -> Result<(), String> {
-        self.with(ep, false, |x| x.sync(my0))
-    }
-
-    fn close(
+    fn step(
         &mut self,
         ep: &mut Endpoint,
         my0: &PerftestDest,
-        patient: bool,
-    ) -> Result<(), String> {
-        self.with(ep, patient, |x| x.close(my0))
-    }
-
-    fn finish(
-        &mut self,
-        ep: &mut Endpoint,
-        test: PerftestTest,
-        my0: &PerftestDest,
-        my: &crate::oob::BwReport,
+        step: Step,
         patient: bool,
     ) -> Result<Option<crate::oob::BwReport>, String> {
-        self.with(ep, patient, |x| x.finish(test, my0, my))
+        self.with(ep, patient, |x| step.run(x, my0))
     }
 }
 

@@ -742,22 +742,40 @@ pub fn perf(ep: &mut Endpoint, o: &PerfOpts) -> Result<PerfOutcome, String> {
     data_phase(ep, o, &setup, &my, &rem, mtu, neg.remote_version, &mut ex)
 }
 
-/// The exchange steps after the QPs are connected, on whichever carrier the exchange runs
-/// (TCP, or perftest `-R`'s rdma_cm QP), each run while the engine keeps turning.
+/// The exchange steps after the QPs are connected.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Step<'a> {
+    /// [`PerftestXchg::sync`].
+    Sync,
+    /// [`PerftestXchg::close`].
+    Close,
+    /// [`PerftestXchg::finish`] with this end's report.
+    Finish(PerftestTest, &'a BwReport),
+}
+
+impl Step<'_> {
+    pub(crate) fn run(
+        self,
+        x: &mut impl PerftestXchg,
+        my0: &PerftestDest,
+    ) -> oob::OobResult<Option<BwReport>> {
+        match self {
+            Step::Sync => x.sync(my0).map(|_| None),
+            Step::Close => x.close(my0).map(|_| None),
+            Step::Finish(test, my) => x.finish(test, my0, my),
+        }
+    }
+}
+
+/// The carrier of perftest's exchange (TCP, or perftest `-R`'s rdma_cm QP): runs a [`Step`]
+/// while the engine keeps turning. `patient`: no deadline (a passive server waits there for
+/// the client's whole run).
 pub(crate) trait Exchange {
-    /// A synchronisation point ([`PerftestXchg::sync`]).
-    fn sync(&mut self, ep: &mut Endpoint, my0: &PerftestDest) -> Result<(), String>;
-    /// [`PerftestXchg::close`]; `patient`: no deadline (a passive server waits there for the
-    /// client's whole run).
-    fn close(&mut self, ep: &mut Endpoint, my0: &PerftestDest, patient: bool)
-        -> Result<(), String>;
-    /// [`PerftestXchg::finish`]; `patient` as for [`close`](Self::close).
-    fn finish(
+    fn step(
         &mut self,
         ep: &mut Endpoint,
-        test: PerftestTest,
         my0: &PerftestDest,
-        my: &BwReport,
+        step: Step,
         patient: bool,
     ) -> Result<Option<BwReport>, String>;
 }
@@ -766,34 +784,17 @@ pub(crate) trait Exchange {
 struct TcpExchange(PerftestConn);
 
 impl Exchange for TcpExchange {
-    fn sync(&mut self, ep: &mut Endpoint, my0: &PerftestDest) -> Result<(), String> {
-        serve(ep, |_| self.0.sync(my0)).map_err(|e| e.to_string())
-    }
-
-    fn close(
+    fn step(
         &mut self,
         ep: &mut Endpoint,
         my0: &PerftestDest,
-        patient: bool,
-    ) -> Result<(), String> {
-        if patient {
-            self.0.set_io_timeout(None);
-        }
-        serve(ep, |_| self.0.close(my0)).map_err(|e| e.to_string())
-    }
-
-    fn finish(
-        &mut self,
-        ep: &mut Endpoint,
-        test: PerftestTest,
-        my0: &PerftestDest,
-        my: &BwReport,
+        step: Step,
         patient: bool,
     ) -> Result<Option<BwReport>, String> {
         if patient {
             self.0.set_io_timeout(None);
         }
-        serve(ep, |_| self.0.finish(test, my0, my)).map_err(|e| e.to_string())
+        serve(ep, |_| step.run(&mut self.0, my0)).map_err(|e| e.to_string())
     }
 }
 
@@ -814,7 +815,7 @@ pub(crate) fn data_phase(
     let test = o.perftest();
     let my0 = my[0];
     if matches!(test, PerftestTest::SendBw | PerftestTest::SendLat) {
-        ex.sync(ep, &my0)?;
+        ex.step(ep, &my0, Step::Sync, false)?;
     }
     let mut lines = Vec::new();
     if o.lat {
@@ -822,7 +823,7 @@ pub(crate) fn data_phase(
         // A passive read/atomic latency server waits for the client's whole run in the
         // closing exchange.
         let patient = server && matches!(test, PerftestTest::ReadLat | PerftestTest::AtomicLat);
-        ex.finish(ep, test, &my0, &BwReport::default(), patient)?;
+        ex.step(ep, &my0, Step::Finish(test, &BwReport::default()), patient)?;
         return Ok(PerfOutcome {
             report: rep,
             peer_version,
@@ -833,12 +834,12 @@ pub(crate) fn data_phase(
     if server {
         let report = if test == PerftestTest::SendBw {
             let got = serve_send(ep, o, setup)?;
-            ex.close(ep, &my0, false)?;
+            ex.step(ep, &my0, Step::Close, false)?;
             lines.push(format!(" server: {got} messages received"));
             None
         } else {
             // The server waits in the report exchange for the client's whole run.
-            let rep = ex.finish(ep, test, &my0, &BwReport::default(), true)?;
+            let rep = ex.step(ep, &my0, Step::Finish(test, &BwReport::default()), true)?;
             rep.map(|b| client_report(o, &b, mtu))
         };
         return Ok(PerfOutcome {
@@ -862,7 +863,7 @@ pub(crate) fn data_phase(
         msg_rate_avg: rep.mpps,
         per_port: None,
     };
-    ex.finish(ep, test, &my0, &b, false)?;
+    ex.step(ep, &my0, Step::Finish(test, &b), false)?;
     Ok(PerfOutcome {
         report: Some(rep),
         peer_version,
