@@ -1,7 +1,7 @@
 //! `rocemu pingpong` (contract: shared/contracts.md): `ibv_rc_pingpong`, on RoCEmu.
 use crate::datapath;
 use rocemu_emulator::rnic::Mtu;
-use rocemu_testbed::remote::{self, PingpongOpts};
+use rocemu_testbed::remote::{self, ImmOp, PingpongOpts};
 use std::process::ExitCode;
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -9,6 +9,15 @@ pub enum Transport {
     Rc,
     Uc,
     Ud,
+}
+
+/// What carries the immediate with --imm.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// SEND with immediate.
+    Send,
+    /// RDMA WRITE with immediate (rc and uc).
+    Write,
 }
 
 #[derive(clap::Args, Debug)]
@@ -51,6 +60,14 @@ pub struct Args {
     /// Transport: rc (ibv_rc_pingpong), uc (ibv_uc_pingpong) or ud (ibv_ud_pingpong).
     #[arg(long, value_enum, default_value_t = Transport::Rc)]
     transport: Transport,
+    /// Every message carries an immediate that the receiver checks, with its completion's
+    /// flags, opcode, length and payload: the peer is testbed/rxevm/imm_pingpong.c (in the rxe
+    /// guest) or another `rocemu pingpong --imm`, not the rdma-core tools.
+    #[arg(long, conflicts_with = "chk")]
+    imm: bool,
+    /// With --imm: what carries it (write adds an rkey:vaddr message to the TCP exchange).
+    #[arg(long, value_enum, requires = "imm")]
+    op: Option<Op>,
     #[command(flatten)]
     end: datapath::EndArgs,
 }
@@ -72,6 +89,14 @@ pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
     if a.iters == 0 {
         return Err("-n 0: at least one iteration".into());
     }
+    let imm = match (a.imm, a.op) {
+        (false, _) => None,
+        (true, None | Some(Op::Send)) => Some(ImmOp::Send),
+        (true, Some(Op::Write)) if a.transport == Transport::Ud => {
+            return Err("--op write needs a connected QP: --transport rc or uc".into())
+        }
+        (true, Some(Op::Write)) => Some(ImmOp::Write),
+    };
     let mut d = a.end.open()?;
     let o = PingpongOpts {
         server: a.server.clone(),
@@ -86,6 +111,7 @@ pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
             Transport::Uc => rocemu_emulator::rnic::QpType::Uc,
             Transport::Ud => rocemu_emulator::rnic::QpType::Ud,
         },
+        imm,
     };
     let r = remote::pingpong(&mut d.ep, &o);
     d.ep.engine.finish_recording()?;

@@ -130,6 +130,20 @@ pub struct PingpongOpts {
     pub check: bool,
     /// RC (`ibv_rc_pingpong`), UC (`ibv_uc_pingpong`) or UD (`ibv_ud_pingpong`).
     pub transport: QpType,
+    /// `--imm`: every message carries an immediate that the receiver checks, as
+    /// `testbed/rxevm/imm_pingpong.c` does (its peer in the rxe guest); `None`: plain messages.
+    pub imm: Option<ImmOp>,
+}
+
+/// What carries the immediate with `--imm` (`imm_pingpong --op`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ImmOp {
+    /// SEND with immediate: the payload lands in the receive buffer.
+    Send,
+    /// RDMA WRITE with immediate (RC and UC): the payload lands where the peer's
+    /// [`WriteKey`] says; the immediate, in the last packet, consumes a receive whose buffer
+    /// stays untouched (IBTA Vol. 1 ch. 9).
+    Write,
 }
 
 /// `ibv_ud_pingpong`'s Q_Key.
@@ -145,10 +159,12 @@ pub struct PingpongResult {
     pub bytes: u64,
     pub iters: u64,
     pub seconds: f64,
+    /// With `--imm`: the transport, the operation and how many immediates were checked.
+    pub imm: Option<(QpType, ImmOp, u64)>,
 }
 
 impl PingpongResult {
-    /// The lines `ibv_rc_pingpong` prints.
+    /// The lines `ibv_rc_pingpong` prints (and `imm_pingpong`'s summary with `--imm`).
     pub fn lines(&self) -> Vec<String> {
         let show = |d: &PingpongDest| {
             format!(
@@ -160,7 +176,7 @@ impl PingpongResult {
             )
         };
         let usec = self.seconds * 1e6;
-        vec![
+        let mut l = vec![
             format!("  local address:  {}", show(&self.local)),
             format!("  remote address: {}", show(&self.remote)),
             format!(
@@ -175,7 +191,22 @@ impl PingpongResult {
                 self.seconds,
                 usec / self.iters as f64
             ),
-        ]
+        ];
+        if let Some((t, op, n)) = self.imm {
+            let t = match t {
+                QpType::Rc => "rc",
+                QpType::Uc => "uc",
+                QpType::Ud => "ud",
+            };
+            let op = match op {
+                ImmOp::Send => "SEND_WITH_IMM",
+                ImmOp::Write => "RDMA_WRITE_WITH_IMM",
+            };
+            l.push(format!(
+                "{n} immediates checked ({t} {op}: wc_flags, opcode, imm_data, byte_len, payload)"
+            ));
+        }
+        l
     }
 }
 
@@ -231,8 +262,223 @@ fn pp_connect(ep: &mut Endpoint, c: &PpCtx, rem: &PingpongDest, mtu: Mtu) -> Res
     .map_err(|e| format!("modify QP: {e}"))
 }
 
+/// The immediate `imm_pingpong` puts in message `k` (from 0) of one side: the side in the top
+/// byte (0xc1 the client, 0x5e the server), so that a message from the wrong side or reflected
+/// back is caught, and the message number below. On the wire the ImmDt field reads this value
+/// (ibverbs' `imm_data` is in network order; RoCEmu's is the host-order value).
+fn imm_value(from_client: bool, k: u64) -> u32 {
+    (if from_client { 0xc1 } else { 0x5e }) << 24 | (k as u32 & 0x00ff_ffff)
+}
+
+/// Byte `i` of the message whose immediate is `v` (as `imm_pingpong`): differs from side to
+/// side and from one message to the next.
+fn imm_pattern(v: u32, i: usize) -> u8 {
+    v.wrapping_add(v >> 24).wrapping_add(i as u32) as u8
+}
+
+/// What the receiver of a `--imm` message checks (`imm_pingpong`'s `check_recv`).
+struct ImmCheck {
+    op: ImmOp,
+    /// The peer is the client (its immediates have the client's tag).
+    peer_is_client: bool,
+    peer_qpn: Qpn,
+    size: usize,
+    ud: bool,
+}
+
+impl ImmCheck {
+    /// Checks the peer's message `k` on its receive completion; `buf` is the MR, whose start is
+    /// the receive area and what the peer writes into.
+    fn recv(&self, wc: &Wc, buf: &[u8], k: u64) -> Result<(), String> {
+        let bad = |what: String| Err(format!("--imm: message {k}: {what}"));
+        let want = imm_value(self.peer_is_client, k);
+        let opcode = match self.op {
+            ImmOp::Send => WcOpcode::Recv,
+            ImmOp::Write => WcOpcode::RecvRdmaWithImm,
+        };
+        let grh = if self.ud { GRH } else { 0 };
+        if !wc.wc_flags.contains(WcFlags::WITH_IMM) {
+            return bad(format!(
+                "no immediate (wc_flags {:#x} lacks WITH_IMM)",
+                wc.wc_flags.0
+            ));
+        }
+        if wc.opcode != opcode {
+            return bad(format!(
+                "completion opcode {:?}, expected {opcode:?}",
+                wc.opcode
+            ));
+        }
+        if wc.imm_data != want {
+            return bad(format!(
+                "immediate {:#010x}, expected {want:#010x}",
+                wc.imm_data
+            ));
+        }
+        if wc.byte_len as usize != self.size + grh {
+            return bad(format!(
+                "byte_len {}, expected {}",
+                wc.byte_len,
+                self.size + grh
+            ));
+        }
+        if self.ud && !wc.wc_flags.contains(WcFlags::GRH) {
+            return bad(format!(
+                "a UD receive without the GRH flag (wc_flags {:#x})",
+                wc.wc_flags.0
+            ));
+        }
+        if self.ud && wc.src_qp != self.peer_qpn {
+            return bad(format!(
+                "src_qp {:#08x}, expected the peer's QPN {:#08x}",
+                wc.src_qp.value(),
+                self.peer_qpn.value()
+            ));
+        }
+        let data = &buf[grh..grh + self.size];
+        if let Some(i) = (0..self.size).find(|&i| data[i] != imm_pattern(want, i)) {
+            return bad(format!(
+                "payload byte {i} is {:#04x}, expected {:#04x}",
+                data[i],
+                imm_pattern(want, i)
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `imm_pingpong --op write`'s message (testbed/rxevm/imm_pingpong.c): `"%08x:%016llx"` of the
+/// R_Key and address the peer may write into, and a NUL, 26 bytes. Each side sends it right
+/// after its 52-byte `ibv_rc_pingpong` address message, in the same direction:
+/// client → server 52 + 26 bytes, server → client 52 + 26, then the client's `"done\0"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WriteKey {
+    pub rkey: u32,
+    pub vaddr: u64,
+}
+
+impl WriteKey {
+    pub const LEN: usize = 26;
+
+    pub fn to_wire(self) -> [u8; Self::LEN] {
+        let t = format!("{:08x}:{:016x}", self.rkey, self.vaddr);
+        let mut out = [0u8; Self::LEN];
+        out[..t.len()].copy_from_slice(t.as_bytes());
+        out
+    }
+
+    pub fn from_wire(m: &[u8]) -> Result<Self, String> {
+        let bad = || {
+            format!(
+                "the peer's rkey:vaddr message is not \"%08x:%016llx\" and a NUL: {:?}",
+                String::from_utf8_lossy(m)
+            )
+        };
+        let hex = |s: &[u8]| s.iter().all(u8::is_ascii_hexdigit);
+        if m.len() != Self::LEN || m[8] != b':' || m[25] != 0 || !hex(&m[..8]) || !hex(&m[9..25]) {
+            return Err(bad());
+        }
+        // Only hex digits: the conversions cannot fail.
+        let text = std::str::from_utf8(&m[..25]).map_err(|_| bad())?;
+        Ok(WriteKey {
+            rkey: u32::from_str_radix(&text[..8], 16).map_err(|_| bad())?,
+            vaddr: u64::from_str_radix(&text[9..], 16).map_err(|_| bad())?,
+        })
+    }
+}
+
+/// The sockets of the `--imm --op write` exchange: `ibv_rc_pingpong`'s, with a [`WriteKey`]
+/// after each address message. (`oob`'s functions speak the plain exchange only.)
+mod write_xchg {
+    use super::WriteKey;
+    use crate::oob::{PingpongDest, PINGPONG_DONE, PINGPONG_MSG_LEN};
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    use std::time::{Duration, Instant};
+
+    /// Per message, as `oob`'s default.
+    const IO_TIMEOUT: Duration = Duration::from_secs(60);
+    /// How long a client retries a refused connection (the server may be starting).
+    const CONNECT_FOR: Duration = Duration::from_secs(10);
+
+    fn io(what: &str) -> impl Fn(std::io::Error) -> String + '_ {
+        move |e| format!("{what}: {e}")
+    }
+
+    fn prepare(s: &TcpStream) -> Result<(), String> {
+        let _ = s.set_nodelay(true);
+        s.set_read_timeout(Some(IO_TIMEOUT))
+            .and_then(|()| s.set_write_timeout(Some(IO_TIMEOUT)))
+            .map_err(io("setting the socket's timeouts"))
+    }
+
+    fn send(s: &mut TcpStream, my: &PingpongDest, key: WriteKey) -> Result<(), String> {
+        let mut m = my.to_wire().to_vec();
+        m.extend_from_slice(&key.to_wire());
+        s.write_all(&m)
+            .map_err(io("sending our address and rkey:vaddr"))
+    }
+
+    fn recv(s: &mut TcpStream) -> Result<(PingpongDest, WriteKey), String> {
+        let mut m = [0u8; PINGPONG_MSG_LEN + WriteKey::LEN];
+        s.read_exact(&mut m)
+            .map_err(io("reading the peer's address and rkey:vaddr"))?;
+        let dest = PingpongDest::from_wire(&m[..PINGPONG_MSG_LEN]).map_err(|e| e.to_string())?;
+        Ok((dest, WriteKey::from_wire(&m[PINGPONG_MSG_LEN..])?))
+    }
+
+    pub fn client(
+        addr: (&str, u16),
+        my: &PingpongDest,
+        key: WriteKey,
+    ) -> Result<(PingpongDest, WriteKey), String> {
+        let until = Instant::now() + CONNECT_FOR;
+        let mut s = loop {
+            match TcpStream::connect(addr) {
+                Ok(s) => break s,
+                Err(e)
+                    if Instant::now() < until
+                        && e.kind() == std::io::ErrorKind::ConnectionRefused =>
+                {
+                    std::thread::sleep(Duration::from_millis(50))
+                }
+                Err(e) => return Err(format!("couldn't connect to {}:{}: {e}", addr.0, addr.1)),
+            }
+        };
+        prepare(&s)?;
+        send(&mut s, my, key)?;
+        let rem = recv(&mut s)?;
+        s.write_all(PINGPONG_DONE).map_err(io("sending \"done\""))?;
+        Ok(rem)
+    }
+
+    /// As `oob::pingpong_server`: `connect` moves the QP to RTR and RTS before the answer.
+    pub fn server(
+        listener: &TcpListener,
+        my: &PingpongDest,
+        key: WriteKey,
+        connect: impl FnOnce(&PingpongDest) -> Result<(), String>,
+    ) -> Result<(PingpongDest, WriteKey), String> {
+        let (mut s, _) = listener.accept().map_err(io("accept()"))?;
+        prepare(&s)?;
+        let rem = recv(&mut s)?;
+        connect(&rem.0).map_err(|e| format!("couldn't connect to the remote QP: {e}"))?;
+        send(&mut s, my, key)?;
+        let mut done = [0u8; PINGPONG_DONE.len()];
+        s.read_exact(&mut done)
+            .map_err(io("reading the client's \"done\""))?;
+        if &done != PINGPONG_DONE {
+            return Err(format!(
+                "expected \"done\\0\" from the client, got {:?}",
+                String::from_utf8_lossy(&done)
+            ));
+        }
+        Ok(rem)
+    }
+}
+
 /// Runs one end of `ibv_rc_pingpong`, `ibv_uc_pingpong` or `ibv_ud_pingpong` (client when
-/// `o.server` is set).
+/// `o.server` is set); with `o.imm`, of `imm_pingpong`.
 pub fn pingpong(ep: &mut Endpoint, o: &PingpongOpts) -> Result<PingpongResult, String> {
     if o.mtu.bytes() > ep.rnic.active_mtu().bytes() {
         return Err(format!(
@@ -242,10 +488,13 @@ pub fn pingpong(ep: &mut Endpoint, o: &PingpongOpts) -> Result<PingpongResult, S
             ep.engine.port().mtu()
         ));
     }
+    let ud = o.transport == QpType::Ud;
+    if ud && o.imm == Some(ImmOp::Write) {
+        return Err("--op write needs a connected QP: --transport rc or uc".into());
+    }
     let r = &mut ep.rnic;
     let pd = r.alloc_pd();
     let cq = r.create_cq(o.rx_depth + 1).map_err(verr)?;
-    let ud = o.transport == QpType::Ud;
     if ud && o.size > r.active_mtu().bytes() {
         return Err(format!(
             "-s {}: a UD message must fit the port's MTU ({})",
@@ -253,14 +502,21 @@ pub fn pingpong(ep: &mut Endpoint, o: &PingpongOpts) -> Result<PingpongResult, S
             r.active_mtu().bytes()
         ));
     }
+    // The real tools send from the buffer they receive into; with --imm, as imm_pingpong, the
+    // receive area (which is also what the peer writes into) comes first, then the send area.
+    let recv_len = o.size + if ud { GRH } else { 0 };
+    let send_off = match o.imm {
+        None => recv_len - o.size,
+        Some(_) => recv_len.next_multiple_of(64),
+    };
+    let access = match o.imm {
+        Some(ImmOp::Write) => Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+        _ => Access::LOCAL_WRITE,
+    };
     let mr = r
-        .reg_mr(
-            pd,
-            o.size.max(1) + if ud { GRH } else { 0 },
-            Access::LOCAL_WRITE,
-        )
+        .reg_mr(pd, (send_off + o.size).max(1), access)
         .map_err(verr)?;
-    // The buffer both sends and receives, filled with 0x7b as the real tool does.
+    // Filled with 0x7b as the real tool does.
     r.mr_bytes_mut(mr.lkey).expect("just registered").fill(0x7b);
     if o.check && o.server.is_some() {
         // The client sends 0 at each page start; the server checks for it.
@@ -325,15 +581,26 @@ pub fn pingpong(ep: &mut Endpoint, o: &PingpongOpts) -> Result<PingpongResult, S
         psn: c.psn.value(),
         gid: gid_bytes(r.ips()[0]),
     };
+    let key = WriteKey {
+        rkey: mr.rkey,
+        vaddr: mr.addr,
+    };
+    let write = o.imm == Some(ImmOp::Write);
     let cfg = OobConfig::default();
     let mtu = o.mtu;
-    let remote = match &o.server {
+    let (remote, rem_key) = match &o.server {
         Some(server) => {
             let addr = (server.as_str(), o.port);
-            let rem = serve(ep, |_ctl| oob::pingpong_client(addr, &local, &cfg))
-                .map_err(|e| e.to_string())?;
+            let (rem, rem_key) = if write {
+                let (d, k) = serve(ep, |_ctl| write_xchg::client(addr, &local, key))?;
+                (d, Some(k))
+            } else {
+                let d = serve(ep, |_ctl| oob::pingpong_client(addr, &local, &cfg))
+                    .map_err(|e| e.to_string())?;
+                (d, None)
+            };
             pp_connect(ep, &c, &rem, mtu)?;
-            rem
+            (rem, rem_key)
         }
         None => {
             let listener = oob::listen(o.port).map_err(|e| e.to_string())?;
@@ -341,7 +608,7 @@ pub fn pingpong(ep: &mut Endpoint, o: &PingpongOpts) -> Result<PingpongResult, S
             let c_psn = c.psn;
             let c_mr = c.mr;
             serve(ep, move |ctl| {
-                oob::pingpong_server(&listener, &local, &cfg, move |rem| {
+                let connect = move |rem: &PingpongDest| {
                     let rem = *rem;
                     ctl.run(move |ep| {
                         let c = PpCtx {
@@ -353,9 +620,15 @@ pub fn pingpong(ep: &mut Endpoint, o: &PingpongOpts) -> Result<PingpongResult, S
                         };
                         pp_connect(ep, &c, &rem, mtu)
                     })
-                })
-            })
-            .map_err(|e| e.to_string())?
+                };
+                if write {
+                    write_xchg::server(&listener, &local, key, connect).map(|(d, k)| (d, Some(k)))
+                } else {
+                    oob::pingpong_server(&listener, &local, &cfg, connect)
+                        .map(|d| (d, None))
+                        .map_err(|e| e.to_string())
+                }
+            })?
         }
     };
     let client = o.server.is_some();
@@ -363,7 +636,7 @@ pub fn pingpong(ep: &mut Endpoint, o: &PingpongOpts) -> Result<PingpongResult, S
     // The ping-pong (rc_pingpong.c's main loop): a SEND goes when the previous one completed
     // and a message arrived (the client starts).
     let start = Instant::now();
-    let (mut scnt, mut rcnt, mut routs) = (0u64, 0u64, o.rx_depth);
+    let (mut scnt, mut rcnt, mut routs, mut posted) = (0u64, 0u64, o.rx_depth, 0u64);
     let mut pending = RECV_WRID;
     let peer = gid_ip(&remote.gid, "the peer")?;
     let dest = ud.then(|| UdDest {
@@ -375,13 +648,41 @@ pub fn pingpong(ep: &mut Endpoint, o: &PingpongOpts) -> Result<PingpongResult, S
         remote_qpn: Qpn::new(remote.qpn),
         remote_qkey: rocemu_wire::QKey(UD_PINGPONG_QKEY),
     });
-    let post_send = |r: &mut Rnic| -> Result<(), String> {
+    let imm_check = o.imm.map(|op| ImmCheck {
+        op,
+        peer_is_client: !client,
+        peer_qpn: Qpn::new(remote.qpn),
+        size,
+        ud,
+    });
+    // Posts message `k`: with --imm, its immediate and payload first.
+    let post_send = |r: &mut Rnic, k: u64| -> Result<(), String> {
+        let opcode = match o.imm {
+            None => WrOpcode::Send,
+            Some(_) => {
+                let v = imm_value(client, k);
+                let b = r.mr_bytes_mut(c.mr.lkey).expect("registered");
+                for (i, x) in b[send_off..send_off + size].iter_mut().enumerate() {
+                    *x = imm_pattern(v, i);
+                }
+                // The peer's key came with its address exactly when this is --op write.
+                match rem_key {
+                    Some(key) => WrOpcode::RdmaWriteWithImm {
+                        remote_addr: key.vaddr,
+                        rkey: key.rkey,
+                        imm: v,
+                    },
+                    None => WrOpcode::SendWithImm { imm: v },
+                }
+            }
+        };
         let mut wr = SendWr::new(
             SEND_WRID,
-            WrOpcode::Send,
+            opcode,
             vec![Sge {
-                // UD sends from behind the GRH area, as ibv_ud_pingpong does.
-                addr: c.mr.addr + if ud { GRH as u64 } else { 0 },
+                // From behind the GRH area on UD (as ibv_ud_pingpong); with --imm, from the
+                // send area.
+                addr: c.mr.addr + send_off as u64,
                 length: size as u32,
                 lkey: c.mr.lkey,
             }],
@@ -390,7 +691,8 @@ pub fn pingpong(ep: &mut Endpoint, o: &PingpongOpts) -> Result<PingpongResult, S
         r.post_send(c.qpn, wr).map_err(verr)
     };
     if client {
-        post_send(&mut ep.rnic)?;
+        post_send(&mut ep.rnic, posted)?;
+        posted += 1;
         pending |= SEND_WRID;
     }
     let mut wcs = Vec::new();
@@ -419,8 +721,25 @@ pub fn pingpong(ep: &mut Endpoint, o: &PingpongOpts) -> Result<PingpongResult, S
                 ));
             }
             match wc.wr_id {
-                SEND_WRID => scnt += 1,
+                SEND_WRID => {
+                    let want = match o.imm {
+                        Some(ImmOp::Write) => WcOpcode::RdmaWrite,
+                        _ => WcOpcode::Send,
+                    };
+                    if wc.opcode != want {
+                        return Err(format!(
+                            "message {scnt} sent: completion opcode {:?}, expected {want:?}",
+                            wc.opcode
+                        ));
+                    }
+                    scnt += 1
+                }
                 RECV_WRID => {
+                    // Before anything is posted: the peer's next message waits for ours.
+                    if let Some(ic) = &imm_check {
+                        let buf = ep.rnic.mr_bytes(c.mr.lkey).expect("registered");
+                        ic.recv(wc, buf, rcnt)?;
+                    }
                     routs -= 1;
                     if routs <= 1 {
                         let n = o.rx_depth - routs;
@@ -432,8 +751,9 @@ pub fn pingpong(ep: &mut Endpoint, o: &PingpongOpts) -> Result<PingpongResult, S
                 other => return Err(format!("Completion for unknown wr_id {other}")),
             }
             pending &= !wc.wr_id;
-            if scnt < o.iters && pending == 0 {
-                post_send(&mut ep.rnic)?;
+            if posted < o.iters && pending == 0 {
+                post_send(&mut ep.rnic, posted)?;
+                posted += 1;
                 pending = RECV_WRID | SEND_WRID;
             }
         }
@@ -455,6 +775,7 @@ pub fn pingpong(ep: &mut Endpoint, o: &PingpongOpts) -> Result<PingpongResult, S
         bytes: (size as u64) * o.iters * 2,
         iters: o.iters,
         seconds,
+        imm: o.imm.map(|op| (o.transport, op, rcnt)),
     })
 }
 

@@ -11,9 +11,9 @@
 //!   PID and its namespace is deleted (with every interface in it). A lab whose owner died without
 //!   unwinding (SIGKILL, abort) is reaped by the next lab started on the same work folder; a lab
 //!   left running on purpose ([`RxeLab::detach`], `rocemu rxevm up`) by [`down`].
-//! * The guest (Debian 12's kernel and an initramfs of busybox, rdma-core and perftest, see
-//!   `testbed/rxevm/`) is built once per recipe into the work folder; the recipe is compiled into
-//!   the binary, so nothing outside the work folder is needed at run time.
+//! * The guest (Debian 12's kernel and an initramfs of busybox, rdma-core, perftest and our
+//!   `imm_pingpong`, see `testbed/rxevm/`) is built once per recipe into the work folder; the
+//!   recipe is compiled into the binary, so nothing outside the work folder is needed at run time.
 //!
 //! A lab, with the default addresses:
 //! ```text
@@ -41,6 +41,8 @@ use std::time::{Duration, Instant};
 /// The guest recipe, compiled in: `build_guest` writes it into the work folder and runs it.
 const BUILD_SCRIPT: &str = include_str!("../rxevm/build-guest.sh");
 const INIT: &str = include_str!("../rxevm/init");
+/// Our tool for immediate data in the guest (no packaged one sends it); the script compiles it.
+const IMM_PINGPONG: &str = include_str!("../rxevm/imm_pingpong.c");
 
 /// The bridge, in every lab's namespace.
 pub const BRIDGE: &str = "rxebr0";
@@ -95,6 +97,7 @@ pub fn build_guest(workdir: &Path) -> Result<Guest, String> {
     std::fs::create_dir_all(&recipe).map_err(|e| format!("{}: {e}", recipe.display()))?;
     write_atomic(&recipe.join("build-guest.sh"), BUILD_SCRIPT.as_bytes())?;
     write_atomic(&recipe.join("init"), INIT.as_bytes())?;
+    write_atomic(&recipe.join("imm_pingpong.c"), IMM_PINGPONG.as_bytes())?;
     let t = Instant::now();
     let out = Command::new("bash")
         .arg(recipe.join("build-guest.sh"))
