@@ -68,6 +68,10 @@ pub struct Args {
     /// With --imm: what carries it (write adds an rkey:vaddr message to the TCP exchange).
     #[arg(long, value_enum, requires = "imm")]
     op: Option<Op>,
+    /// Connect through rdma_cm (the IB CM over QP1, port -p of its TCP port space) instead of
+    /// the TCP exchange: RC, against another `rocemu pingpong --rdma-cm`.
+    #[arg(short = 'R', long = "rdma-cm")]
+    rdma_cm: bool,
     #[command(flatten)]
     end: datapath::EndArgs,
 }
@@ -112,6 +116,7 @@ pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
             Transport::Ud => rocemu_emulator::rnic::QpType::Ud,
         },
         imm,
+        rdma_cm: a.rdma_cm,
     };
     let r = remote::pingpong(&mut d.ep, &o);
     d.ep.engine.finish_recording()?;

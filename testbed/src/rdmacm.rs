@@ -66,6 +66,9 @@ pub(crate) struct RcSide {
 pub(crate) struct RcConn {
     pub id: CommId,
     pub peer: IpAddr,
+    pub remote_qpn: Qpn,
+    /// The PSN the peer expects first (we send from it).
+    pub remote_psn: Psn,
 }
 
 impl Cm {
@@ -297,7 +300,12 @@ impl Cm {
                     // The REP's values are in the agent; the initiator depth the peer granted
                     // bounds our reads in flight.
                     rc_up(ep, me, me.initiator_depth, server, remote_qpn, remote_psn)?;
-                    return Ok(RcConn { id, peer: server });
+                    return Ok(RcConn {
+                        id,
+                        peer: server,
+                        remote_qpn,
+                        remote_psn,
+                    });
                 }
                 CmEvent::Rejected { reason, .. }
                     if reason == RejReason::INVALID_SERVICE_ID && tries < rej_retries =>
@@ -367,7 +375,12 @@ impl Cm {
         let now = ep.engine.now();
         self.agent.accept(now, id, &p)?;
         match self.wait_for(ep, id, "RTU")? {
-            CmEvent::Established { .. } => Ok(RcConn { id, peer: from }),
+            CmEvent::Established { .. } => Ok(RcConn {
+                id,
+                peer: from,
+                remote_qpn: req.local_qpn,
+                remote_psn: req.starting_psn,
+            }),
             e => {
                 self.agent.reject(id, RejReason::CONSUMER_DEFINED);
                 Err(format!("rdma_cm: accepting {from}: {e:?}"))

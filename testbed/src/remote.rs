@@ -18,7 +18,7 @@ use rocemu_emulator::rnic::mr::MrInfo;
 use rocemu_emulator::rnic::*;
 use rocemu_emulator::sim::{bring_up, pattern, ConnectOpts};
 use rocemu_wire::{Psn, Qpn};
-use std::net::{IpAddr, Ipv6Addr, TcpListener};
+use std::net::{IpAddr, Ipv6Addr, TcpListener, ToSocketAddrs};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -133,6 +133,10 @@ pub struct PingpongOpts {
     /// `--imm`: every message carries an immediate that the receiver checks, as
     /// `testbed/rxevm/imm_pingpong.c` does (its peer in the rxe guest); `None`: plain messages.
     pub imm: Option<ImmOp>,
+    /// `--rdma-cm`: connect through rdma_cm (the IB CM over QP1, port `port` of its TCP port
+    /// space) instead of the TCP exchange; RC only, and both ends must be RoCEmu (rdma-core's
+    /// pingpong tools have no rdma_cm mode).
+    pub rdma_cm: bool,
 }
 
 /// What carries the immediate with `--imm` (`imm_pingpong --op`).
@@ -479,6 +483,59 @@ mod write_xchg {
 
 /// Runs one end of `ibv_rc_pingpong`, `ibv_uc_pingpong` or `ibv_ud_pingpong` (client when
 /// `o.server` is set); with `o.imm`, of `imm_pingpong`.
+/// `--rdma-cm`: the QP (in INIT, receives posted) connected through rdma_cm, the client to the
+/// server's `port`, the server accepting the first REQ there. Returns the CM (the connection
+/// is ended through it) and the peer's address as the TCP exchange would have given it.
+fn pp_rdma_cm(
+    ep: &mut Endpoint,
+    o: &PingpongOpts,
+    c: &PpCtx,
+) -> Result<((crate::rdmacm::Cm, crate::rdmacm::RcConn), PingpongDest), String> {
+    use crate::rdmacm::{Cm, RcSide};
+    if o.transport != QpType::Rc {
+        return Err("--rdma-cm connects RC QPs: --transport rc".into());
+    }
+    if o.imm == Some(ImmOp::Write) {
+        return Err(
+            "--rdma-cm goes without --op write (its rkey travels in the TCP exchange)".into(),
+        );
+    }
+    let mut cm = Cm::new(ep)?;
+    let me = RcSide {
+        qpn: c.qpn,
+        psn: c.psn,
+        path_mtu: oob::mtu_to_enum(o.mtu.bytes() as u32).unwrap_or(3),
+        responder_resources: 1,
+        initiator_depth: 1,
+        timeout: 14,
+    };
+    let conn = match &o.server {
+        Some(server) => {
+            let ip = match server.parse::<IpAddr>() {
+                Ok(ip) => ip,
+                Err(_) => (server.as_str(), o.port)
+                    .to_socket_addrs()
+                    .map_err(|e| format!("{server}: {e}"))?
+                    .next()
+                    .map(|a| a.ip())
+                    .ok_or_else(|| format!("{server}: no address"))?,
+            };
+            cm.connect_rc(ep, ip, o.port, &me, 0)?
+        }
+        None => {
+            cm.listen(o.port);
+            cm.accept_rc(ep, &me, Duration::MAX, |_| Ok(()))?
+        }
+    };
+    let remote = PingpongDest {
+        lid: 0,
+        qpn: conn.remote_qpn.value(),
+        psn: conn.remote_psn.value(),
+        gid: gid_bytes(conn.peer),
+    };
+    Ok(((cm, conn), remote))
+}
+
 pub fn pingpong(ep: &mut Endpoint, o: &PingpongOpts) -> Result<PingpongResult, String> {
     if o.mtu.bytes() > ep.rnic.active_mtu().bytes() {
         return Err(format!(
@@ -588,7 +645,13 @@ pub fn pingpong(ep: &mut Endpoint, o: &PingpongOpts) -> Result<PingpongResult, S
     let write = o.imm == Some(ImmOp::Write);
     let cfg = OobConfig::default();
     let mtu = o.mtu;
+    let mut cm = None;
     let (remote, rem_key) = match &o.server {
+        _ if o.rdma_cm => {
+            let (c2, rem) = pp_rdma_cm(ep, o, &c)?;
+            cm = Some(c2);
+            (rem, None)
+        }
         Some(server) => {
             let addr = (server.as_str(), o.port);
             let (rem, rem_key) = if write {
@@ -763,6 +826,14 @@ pub fn pingpong(ep: &mut Endpoint, o: &PingpongOpts) -> Result<PingpongResult, S
         let b = ep.rnic.mr_bytes(c.mr.lkey).expect("registered");
         if b.iter().step_by(4096).any(|&x| x != 0) {
             return Err("-c: the data the client sent is not what was expected".into());
+        }
+    }
+    if let Some((mut cm, conn)) = cm {
+        // The client ends the connection (DREQ); the server waits for that.
+        if client {
+            cm.disconnect_all(ep, &[conn.id], Duration::from_secs(3));
+        } else {
+            cm.linger(ep, &[conn.id], Duration::from_secs(3));
         }
     }
     // Let the last ACK leave.

@@ -44,6 +44,7 @@ fn run(
         check: false,
         transport,
         imm,
+        rdma_cm: false,
     };
     let so = opts(None, srv);
     let co = opts(Some("127.0.0.1".into()), cli);

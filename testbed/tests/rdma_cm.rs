@@ -1,0 +1,139 @@
+//! `--rdma-cm` between two RoCEmu endpoints in one process (two engines over an in-memory pipe):
+//! `rocemu pingpong --rdma-cm` (the QP connected through the IB CM alone, no TCP) and `rocemu
+//! perf --rdma-cm` (perftest's `-R`: the exchange as SENDs on an RC QP connected through the
+//! CM, then the test QPs through the CM too), every byte checked where the test allows it.
+//! No root needed. The same code runs against `ib_*_bw -R` in `scripts/interop-tests`.
+use rocemu_emulator::engine::Engine;
+use rocemu_emulator::port::pipe::{pipe, PipePort};
+use rocemu_emulator::rnic::*;
+use rocemu_testbed::perf::Test;
+use rocemu_testbed::remote::{perf, pingpong, Endpoint, PerfOpts, PingpongOpts};
+use rocemu_wire::eth::Mac;
+use std::net::{IpAddr, Ipv4Addr};
+
+fn endpoint(port: PipePort, last: u8) -> Endpoint {
+    let ip = IpAddr::V4(Ipv4Addr::new(10, 8, 0, last));
+    let mut cfg = RnicConfig::new(Mac([2, 0, 0, 0, 8, last]), ip, last as u64);
+    cfg.eth_mtu = 1500;
+    Endpoint {
+        rnic: Rnic::new(cfg),
+        engine: Engine::new(Box::new(port)),
+    }
+}
+
+/// Runs `server` on one endpoint's thread and `client` on this one; returns both results. The
+/// client's endpoint keeps turning until the server is done (it answers the server's last
+/// frames).
+fn pair<S: Send + 'static, C>(
+    server: impl FnOnce(&mut Endpoint) -> S + Send + 'static,
+    client: impl FnOnce(&mut Endpoint) -> C,
+) -> (S, C) {
+    let (pa, pb) = pipe(Mac([2, 0, 0, 0, 8, 1]), Mac([2, 0, 0, 0, 8, 2]), 1500);
+    let s = std::thread::spawn(move || server(&mut endpoint(pa, 1)));
+    let mut ep = endpoint(pb, 2);
+    let c = client(&mut ep);
+    while !s.is_finished() {
+        let w = ep.engine.poll(&mut ep.rnic);
+        ep.engine.idle(w);
+    }
+    (s.join().unwrap(), c)
+}
+
+fn pp(server: Option<&str>, transport: QpType) -> PingpongOpts {
+    PingpongOpts {
+        server: server.map(str::to_string),
+        port: 18515,
+        size: 3000,
+        iters: 50,
+        mtu: Mtu::M1024,
+        rx_depth: 16,
+        check: false,
+        transport,
+        imm: None,
+        rdma_cm: true,
+    }
+}
+
+#[test]
+fn pingpong_connects_through_the_cm() {
+    let (s, c) = pair(
+        |ep| pingpong(ep, &pp(None, QpType::Rc)).map(|r| r.lines()),
+        |ep| pingpong(ep, &pp(Some("10.8.0.1"), QpType::Rc)).map(|r| r.lines()),
+    );
+    let (s, c) = (s.unwrap(), c.unwrap());
+    // Each side knows the other's QP from the CM: "remote address: LID …, QPN 0x…".
+    for (lines, peer) in [(&s, "10.8.0.2"), (&c, "10.8.0.1")] {
+        assert!(
+            lines.iter().any(|l| l.contains("remote address")),
+            "{lines:?}"
+        );
+        assert!(
+            lines.iter().any(|l| l.contains("300000 bytes")),
+            "{peer}: {lines:?}"
+        );
+    }
+}
+
+#[test]
+fn pingpong_rdma_cm_is_rc_only() {
+    let (pa, _pb) = pipe(Mac([2, 0, 0, 0, 8, 1]), Mac([2, 0, 0, 0, 8, 2]), 1500);
+    let e = pingpong(&mut endpoint(pa, 1), &pp(None, QpType::Uc)).unwrap_err();
+    assert!(e.contains("--transport rc"), "{e}");
+}
+
+fn po(server: Option<&str>, test: Test, lat: bool, qps: usize) -> PerfOpts {
+    PerfOpts {
+        test,
+        server: server.map(str::to_string),
+        port: 18515,
+        size: if matches!(test, Test::Atomic { .. }) {
+            8
+        } else {
+            5000
+        },
+        iters: 64,
+        qps,
+        mtu: Mtu::M1024,
+        tx_depth: 16,
+        verify: server.is_some() && !lat && test != Test::Send,
+        qp_timeout: 14,
+        lat,
+        rdma_cm: true,
+    }
+}
+
+#[test]
+fn perf_rdma_cm_every_test() {
+    for (test, lat, qps) in [
+        (Test::Write, false, 3),
+        (Test::Read, false, 2),
+        (Test::Send, false, 2),
+        (Test::Atomic { cmp_swap: false }, false, 1),
+        (Test::Write, true, 1),
+        (Test::Read, true, 1),
+        (Test::Send, true, 1),
+    ] {
+        let what = format!("{test:?} lat={lat} qps={qps}");
+        let (s, c) = pair(
+            move |ep| perf(ep, &po(None, test, lat, qps)),
+            |ep| perf(ep, &po(Some("10.8.0.1"), test, lat, qps)),
+        );
+        let s = s.unwrap_or_else(|e| panic!("{what}: server: {e}"));
+        let c = c.unwrap_or_else(|e| panic!("{what}: client: {e}"));
+        assert_eq!(s.peer_version, "6.06", "{what}");
+        let rep = c.report.expect("the client reports");
+        assert_eq!(rep.errors, 0, "{what}: {:?}", rep.first_error);
+        if !lat {
+            assert_eq!(rep.messages, 64 * qps as u64, "{what}");
+        }
+        if let Some(ok) = rep.verified {
+            assert!(ok, "{what}: {}", rep.verify_detail);
+        }
+        // The server of a write/read/atomic test prints the client's report, sent over the
+        // rdma_cm exchange QP.
+        if !lat && test != Test::Send {
+            let got = s.report.expect("the server has the client's report");
+            assert_eq!(got.iters, 64 * qps as u64, "{what}");
+        }
+    }
+}
