@@ -219,7 +219,10 @@ impl<'a> Ctx<'a> {
                 path_mtu: Some(o.path_mtu),
                 dest_qp_num: Some(c.peer_qpn),
                 rq_psn: Some(c.peer_psn),
-                ah: Some(Ah::to(self.peer.ip)),
+                ah: Some(Ah {
+                    sgid_index: self.sgid_index(),
+                    ..Ah::to(self.peer.ip)
+                }),
                 max_dest_rd_atomic: rc.then_some(16),
                 min_rnr_timer: rc.then_some(o.min_rnr_timer),
                 ..Default::default()
@@ -242,6 +245,18 @@ impl<'a> Ctx<'a> {
             },
         )?;
         Ok(())
+    }
+
+    /// The GID index of the device's address under test (the peer's `dut_ip`): the source GID of
+    /// the device's address handles. RoCEmu's address is its GID 0; rdma_rxe's IPv4 GID comes
+    /// after its link-local one.
+    pub fn sgid_index(&self) -> u8 {
+        self.dev
+            .gids
+            .iter()
+            .position(|g| *g == self.peer.dut_ip)
+            .unwrap_or(0)
+            .min(255) as u8
     }
 
     /// Posts a receive over `len` bytes of the connection's MR at `offset`.

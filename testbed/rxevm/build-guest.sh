@@ -2,14 +2,15 @@
 # Builds the rdma_rxe peer VM's guest: Debian 12's kernel (linux-image-amd64, 6.1) and an initramfs
 # of busybox-static, rdma-core (libibverbs1, ibverbs-providers, ibverbs-utils, librdmacm1,
 # rdmacm-utils, libibumad3), perftest, iproute2 (`rdma`), tcpdump and the libraries they need, with
-# `init` (beside this script) as PID 1, and imm_pingpong (imm_pingpong.c beside this script,
-# compiled on the host with gcc against libibverbs-dev: Debian 12's rdma-core, as in the guest).
+# `init` (beside this script) as PID 1, and imm_pingpong and ibv_agent (imm_pingpong.c and
+# ibv_agent.c beside this script, compiled on the host with gcc against libibverbs-dev: Debian 12's
+# rdma-core, as in the guest).
 # Packages are fetched with `apt-get download` and unpacked with `dpkg-deb -x`: nothing is
 # installed on the host for the guest.
 #
 # Usage: build-guest.sh [WORKDIR]      (default: $RXEVM_DIR, else ${TMPDIR:-/tmp}/rocemu-rxevm)
 # Output: WORKDIR/guest-KEY/{vmlinuz,initrd.img,kernel-version}, KEY = hash of this script,
-#         `init` and imm_pingpong.c: a guest is built once per recipe. Downloaded .debs are kept in WORKDIR/debs.
+#         `init`, imm_pingpong.c and ibv_agent.c: a guest is built once per recipe. Downloaded .debs are kept in WORKDIR/debs.
 #         The last line on stdout is `GUEST=WORKDIR/guest-KEY`.
 # Host tools it needs: apt-get, dpkg-deb, cpio, gzip, kmod (depmod, modprobe), flock, sha256sum,
 # gcc and libibverbs-dev; and for the VMs, qemu-system-x86 and iproute2. Missing ones among dpkg,
@@ -19,7 +20,7 @@ set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 W=${1:-${RXEVM_DIR:-${TMPDIR:-/tmp}/rocemu-rxevm}}
 mkdir -p "$W"; W=$(cd "$W" && pwd)
-KEY=$(cat "$HERE/build-guest.sh" "$HERE/init" "$HERE/imm_pingpong.c" | sha256sum | cut -c1-16)
+KEY=$(cat "$HERE/build-guest.sh" "$HERE/init" "$HERE/imm_pingpong.c" "$HERE/ibv_agent.c" | sha256sum | cut -c1-16)
 OUT=$W/guest-$KEY
 if [ -f "$OUT/ok" ]; then echo "GUEST=$OUT"; exit 0; fi
 
@@ -127,6 +128,9 @@ install -m 0755 "$HERE/init" "$R/init"
 # libibverbs are the guest's (Debian 12), so the host's gcc builds for the guest.
 gcc -std=gnu11 -O2 -Wall -Wextra -Werror -o "$R/usr/local/bin/imm_pingpong" "$HERE/imm_pingpong.c" -libverbs \
   || { echo "build-guest: compiling imm_pingpong.c failed" >&2; exit 1; }
+# The conformance suite's agent over libibverbs (docs/agent-protocol.md; scripts/conformance-rxe).
+gcc -std=gnu11 -O2 -Wall -Wextra -Werror -o "$R/usr/local/bin/ibv_agent" "$HERE/ibv_agent.c" -libverbs \
+  || { echo "build-guest: compiling ibv_agent.c failed" >&2; exit 1; }
 echo 'root:x:0:0:root:/root:/bin/sh' > "$R/etc/passwd"
 echo 'root:x:0:' > "$R/etc/group"
 printf '127.0.0.1 localhost\n' > "$R/etc/hosts"
@@ -134,7 +138,7 @@ printf 'tcp 6\nudp 17\nicmp 1\n' > "$R/etc/protocols"
 
 # Every program the tests use must find its libraries inside the guest.
 for prog in ibv_devinfo ibv_devices ibv_rc_pingpong ibv_uc_pingpong ibv_ud_pingpong ib_write_bw ib_read_bw \
-            ib_send_bw ib_atomic_bw rping rdma ip tcpdump imm_pingpong; do
+            ib_send_bw ib_atomic_bw rping rdma ip tcpdump imm_pingpong ibv_agent; do
   f=""; for d in usr/bin usr/sbin bin sbin usr/local/bin; do [ -f "$R/$d/$prog" ] && { f=$d/$prog; break; }; done
   [ -n "$f" ] || { echo "build-guest: $prog missing from the guest" >&2; exit 1; }
   if chroot "$R" /lib64/ld-linux-x86-64.so.2 --list "/$f" 2>&1 | grep -q 'not found'; then

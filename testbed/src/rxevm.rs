@@ -12,8 +12,9 @@
 //!   unwinding (SIGKILL, abort) is reaped by the next lab started on the same work folder; a lab
 //!   left running on purpose ([`RxeLab::detach`], `rocemu rxevm up`) by [`down`].
 //! * The guest (Debian 12's kernel and an initramfs of busybox, rdma-core, perftest and our
-//!   `imm_pingpong`, see `testbed/rxevm/`) is built once per recipe into the work folder; the
-//!   recipe is compiled into the binary, so nothing outside the work folder is needed at run time.
+//!   `imm_pingpong` and `ibv_agent`, see `testbed/rxevm/`) is built once per recipe into the work
+//!   folder; the recipe is compiled into the binary, so nothing outside the work folder is needed
+//!   at run time.
 //!
 //! A lab, with the default addresses:
 //! ```text
@@ -43,6 +44,8 @@ const BUILD_SCRIPT: &str = include_str!("../rxevm/build-guest.sh");
 const INIT: &str = include_str!("../rxevm/init");
 /// Our tool for immediate data in the guest (no packaged one sends it); the script compiles it.
 const IMM_PINGPONG: &str = include_str!("../rxevm/imm_pingpong.c");
+/// The conformance suite's agent over libibverbs (`docs/agent-protocol.md`); the script compiles it.
+const IBV_AGENT: &str = include_str!("../rxevm/ibv_agent.c");
 
 /// The bridge, in every lab's namespace.
 pub const BRIDGE: &str = "rxebr0";
@@ -98,6 +101,7 @@ pub fn build_guest(workdir: &Path) -> Result<Guest, String> {
     write_atomic(&recipe.join("build-guest.sh"), BUILD_SCRIPT.as_bytes())?;
     write_atomic(&recipe.join("init"), INIT.as_bytes())?;
     write_atomic(&recipe.join("imm_pingpong.c"), IMM_PINGPONG.as_bytes())?;
+    write_atomic(&recipe.join("ibv_agent.c"), IBV_AGENT.as_bytes())?;
     let t = Instant::now();
     let out = Command::new("bash")
         .arg(recipe.join("build-guest.sh"))
