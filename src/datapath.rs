@@ -57,7 +57,11 @@ impl ImpairArgs {
 /// Where one end meets the wire, for the commands that always run on a real datapath.
 #[derive(clap::Args, Debug)]
 pub struct EndArgs {
-    /// Datapath: af_packet:IFACE or dpdk:'EAL ARGS'.
+    /// Datapath: af_packet:IFACE or dpdk:'EAL ARGS' (the EAL's first port).
+    ///
+    /// Its MTU gives the active MTU: the interface's, and for a DPDK driver on a kernel interface
+    /// (net_pcap0,iface=IFACE; net_af_packet; net_tap) that interface's, capped at what the
+    /// driver takes. With DPDK 22.11 only net_pcap carries jumbo frames (path MTU 4096).
     #[arg(long)]
     pub dev: String,
     /// This end's address (its GID).

@@ -2,7 +2,13 @@
 //! it (for a vdev, closing releases the port for the rest of the process).
 //!
 //! Invariants: queue 0 of each direction is used only through `&mut EthPort`; the port holds its
-//! rx pool (and so the EAL), and is closed before that pool can go.
+//! rx pool (and so the EAL), and is closed before that pool can go. An MTU is checked against
+//! both limits a driver reports (`max_mtu`, and `max_rx_pktlen` less the overhead ethdev counts)
+//! before DPDK sees it, so that a driver that cannot carry the frames says so in words.
+//!
+//! Jumbo frames with DPDK 22.11: `net_af_packet` reports 1518-byte frames at most whatever its
+//! `framesz` (lifted in 26.03), `net_tap` 1522 (lifted in 23.03), `net_memif` 1518; `net_pcap`
+//! takes any MTU, and on a kernel interface (`iface=IFACE`) carries jumbo frames.
 use crate::eal::{port_name, Eal};
 use crate::error::{check, Error, Result, ENOTSUP};
 use crate::mempool::{Mbuf, Mempool};
@@ -69,6 +75,136 @@ impl fmt::Debug for EthPort {
     }
 }
 
+/// What a driver says about a port (`rte_eth_dev_info_get`), as much as this crate uses.
+#[derive(Debug, Clone)]
+pub(crate) struct DevInfo {
+    pub name: String,
+    pub driver: String,
+    pub min_mtu: u16,
+    /// The largest MTU both of the driver's limits allow.
+    pub max_mtu: u16,
+    /// The longest frame it receives (`max_rx_pktlen`).
+    pub max_frame: u32,
+    /// What ethdev adds to an MTU to get a frame length for this driver.
+    pub overhead: u32,
+    /// The kernel interface the port sits on (`net_pcap`, `net_af_packet`, `net_tap`, …), or 0.
+    pub if_index: u32,
+}
+
+impl DevInfo {
+    pub(crate) fn get(id: u16) -> Result<DevInfo> {
+        let name = port_name(id)?;
+        let mut info = sys::rte_eth_dev_info::default();
+        // SAFETY: `info` is a valid, writable rte_eth_dev_info.
+        let ret = unsafe { sys::rte_eth_dev_info_get(id, &mut info) };
+        check("rte_eth_dev_info_get", ret, || name.clone())?;
+        let driver = if info.driver_name.is_null() {
+            String::new()
+        } else {
+            // SAFETY: a non-NULL driver_name is the driver's static NUL-terminated name.
+            unsafe { CStr::from_ptr(info.driver_name) }
+                .to_string_lossy()
+                .into_owned()
+        };
+        // ethdev's own rule (eth_dev_get_overhead_len in DPDK 22.11): the gap between the two
+        // limits when a driver gives both, else Ethernet header and CRC.
+        let overhead = if info.max_mtu != u16::MAX && info.max_rx_pktlen > u32::from(info.max_mtu) {
+            info.max_rx_pktlen - u32::from(info.max_mtu)
+        } else {
+            FRAME_OVERHEAD as u32
+        };
+        let by_frame = info.max_rx_pktlen.saturating_sub(overhead);
+        let max_mtu = u16::try_from(by_frame)
+            .unwrap_or(u16::MAX)
+            .min(info.max_mtu);
+        Ok(DevInfo {
+            name,
+            driver,
+            min_mtu: info.min_mtu,
+            max_mtu,
+            max_frame: info.max_rx_pktlen,
+            overhead,
+            if_index: info.if_index,
+        })
+    }
+
+    /// Whether the driver can do `mtu`; the error says why not, for `func`.
+    pub(crate) fn check_mtu(&self, func: &'static str, mtu: u16) -> Result<()> {
+        let (name, driver) = (&self.name, &self.driver);
+        if mtu < self.min_mtu {
+            return Err(Error::other(
+                func,
+                format!(
+                    "MTU {mtu} is below what {name} ({driver}) supports ({})",
+                    self.min_mtu
+                ),
+            ));
+        }
+        if mtu > self.max_mtu {
+            let frame = u32::from(mtu) + self.overhead;
+            let hint = match driver.as_str() {
+                "net_af_packet" | "net_tap" => {
+                    "; for jumbo frames on a kernel interface use net_pcap (--vdev=net_pcap0,iface=IFACE,phy_mac=1)"
+                }
+                _ => "",
+            };
+            return Err(Error::other(
+                func,
+                format!(
+                    "MTU {mtu} needs {frame}-byte frames but {name} ({driver}, DPDK {}) receives \
+                     frames of {} bytes at most, MTU {}..={}{hint}",
+                    crate::DPDK_VERSION,
+                    self.max_frame,
+                    self.min_mtu,
+                    self.max_mtu
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The MTU to use when none is asked for: the kernel interface's, for a driver on one (as
+    /// AF_PACKET does), capped at what the driver can do; else the port's current MTU.
+    pub(crate) fn default_mtu(&self, id: u16) -> Result<u16> {
+        match kernel_mtu(self.if_index) {
+            Some(k) => Ok(k.clamp(self.min_mtu, self.max_mtu)),
+            None => port_mtu(id),
+        }
+    }
+}
+
+/// The MTU of kernel interface `if_index` in the calling thread's network namespace, if there
+/// is one.
+fn kernel_mtu(if_index: u32) -> Option<u16> {
+    if if_index == 0 {
+        return None;
+    }
+    let mut name: [libc::c_char; libc::IF_NAMESIZE] = [0; libc::IF_NAMESIZE];
+    // SAFETY: `name` has the IF_NAMESIZE bytes if_indextoname may write.
+    if unsafe { libc::if_indextoname(if_index, name.as_mut_ptr()) }.is_null() {
+        return None;
+    }
+    // SAFETY: plain arguments; the result is checked.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: an all-zero ifreq is valid; the name (NUL-terminated, IF_NAMESIZE bytes at most)
+    // is copied into its ifr_name of the same size.
+    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+    ifr.ifr_name = name;
+    // SAFETY: SIOCGIFMTU reads ifr_name and writes ifr_ifru.ifru_mtu of a valid ifreq.
+    let ret = unsafe { libc::ioctl(fd, libc::SIOCGIFMTU, &mut ifr) };
+    // SAFETY: `fd` is ours and closed once.
+    unsafe { libc::close(fd) };
+    if ret < 0 {
+        return None;
+    }
+    // SAFETY: SIOCGIFMTU succeeded, so the union holds the MTU.
+    let mtu = unsafe { ifr.ifr_ifru.ifru_mtu };
+    u16::try_from(mtu).ok()
+}
+
 /// The MTU of port `id` (`rte_eth_dev_get_mtu`).
 pub(crate) fn port_mtu(id: u16) -> Result<u16> {
     let mut mtu = 0u16;
@@ -94,33 +230,13 @@ impl EthPort {
                 format!("no port {port_id}; the ports are [{}]", names.join(", ")),
             ));
         }
-        let name = port_name(port_id)?;
-        let mut info = sys::rte_eth_dev_info::default();
-        // SAFETY: `info` is a valid, writable rte_eth_dev_info.
-        let ret = unsafe { sys::rte_eth_dev_info_get(port_id, &mut info) };
-        check("rte_eth_dev_info_get", ret, || name.clone())?;
-        let driver = if info.driver_name.is_null() {
-            String::new()
-        } else {
-            // SAFETY: a non-NULL driver_name is the driver's static NUL-terminated name.
-            unsafe { CStr::from_ptr(info.driver_name) }
-                .to_string_lossy()
-                .into_owned()
-        };
-
+        let info = DevInfo::get(port_id)?;
         let mtu = match config.mtu {
             Some(m) => m,
             None => port_mtu(port_id)?,
         };
-        if mtu < info.min_mtu || mtu > info.max_mtu {
-            return Err(Error::other(
-                "rte_eth_dev_configure",
-                format!(
-                    "MTU {mtu} is outside what {name} ({driver}) supports: {}..={}",
-                    info.min_mtu, info.max_mtu
-                ),
-            ));
-        }
+        info.check_mtu("rte_eth_dev_configure", mtu)?;
+        let DevInfo { name, driver, .. } = info;
         let frame = usize::from(mtu) + FRAME_OVERHEAD;
         if frame > pool.frame_room() {
             return Err(Error::other(
@@ -231,6 +347,7 @@ impl EthPort {
                 ),
             ));
         }
+        DevInfo::get(self.id)?.check_mtu("rte_eth_dev_set_mtu", mtu)?;
         // SAFETY: plain values; the driver validates the MTU.
         let ret = unsafe { sys::rte_eth_dev_set_mtu(self.id, mtu) };
         check("rte_eth_dev_set_mtu", ret, || {

@@ -9,7 +9,7 @@
 //! [`DpdkConfig::tx_stall_timeout`] (a link down, a peer gone) is dropped and counted.
 use crate::eal::Eal;
 use crate::error::Result;
-use crate::ethdev::{port_mtu, EthConfig, EthPort, FRAME_OVERHEAD};
+use crate::ethdev::{DevInfo, EthConfig, EthPort, FRAME_OVERHEAD};
 use crate::mempool::Mempool;
 use rocemu_dpdk_sys as sys;
 use rocemu_emulator::port::{Port, PortStats, BURST};
@@ -161,11 +161,14 @@ impl DpdkPort {
     }
 
     /// Opens port `port_id` of a live EAL (see [`Eal::ports`], [`Eal::port_by_name`]), with a
-    /// pool of mbufs that each hold one frame of the configured (or current) MTU.
+    /// pool of mbufs that each hold one frame of the MTU. The MTU is the configured one (an
+    /// error if the driver cannot do it); else, for a driver on a kernel interface (`net_pcap`,
+    /// `net_af_packet`, `net_tap`, …), that interface's MTU, as AF_PACKET takes it, capped at
+    /// what the driver can do; else the port's current MTU.
     pub fn open_port(eal: &Eal, port_id: u16, config: &DpdkConfig) -> Result<DpdkPort> {
         let mtu = match config.eth.mtu {
             Some(m) => m,
-            None => port_mtu(port_id)?,
+            None => DevInfo::get(port_id)?.default_mtu(port_id)?,
         };
         let pool = Mempool::for_frames(eal, config.mbufs, usize::from(mtu) + FRAME_OVERHEAD)?;
         let eth_config = EthConfig {
@@ -258,8 +261,9 @@ impl Port for DpdkPort {
                 // SAFETY: `m` is a valid mbuf the driver handed us.
                 let segs = unsafe { sys::rocemu_pktmbuf_nb_segs(m) };
                 if segs != 1 {
-                    // Chained frames only come from drivers set up to scatter, which this port
-                    // is not; joining them would cost a copy.
+                    // A chain is a frame longer than one mbuf, i.e. than the MTU (the pool is
+                    // sized for it; this port never asks for scatter, but net_pcap chains a long
+                    // frame by itself): dropped and counted, never read as its first segment.
                     self.stats.rx_dropped += 1;
                     continue;
                 }
