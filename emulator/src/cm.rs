@@ -88,6 +88,10 @@ pub struct ConnParams {
     pub rnr_retry_count: u8,
     /// rdma_cm's REQ private data (its 36-byte header, then the application's).
     pub private_data: [u8; 92],
+    /// The primary path's flow label in a REQ: rdma_cm's is
+    /// [`rocemu_wire::cm::rdma_cm_flow_label`] of the two ports, and both ends derive the
+    /// connection's UDP source port from it.
+    pub flow_label: u32,
 }
 
 impl Default for ConnParams {
@@ -101,6 +105,7 @@ impl Default for ConnParams {
             retry_count: 7,
             rnr_retry_count: 7,
             private_data: [0; 92],
+            flow_label: 0,
         }
     }
 }
@@ -217,6 +222,7 @@ impl CmAgent {
                 remote_gid: gid(peer),
                 hop_limit: 64,
                 local_ack_timeout: 19,
+                flow_label: p.flow_label,
                 ..CmPath::default()
             },
             private_data: p.private_data,

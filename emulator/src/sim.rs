@@ -192,6 +192,9 @@ pub struct ConnectOpts {
     pub psn_a: rocemu_wire::Psn,
     pub psn_b: rocemu_wire::Psn,
     pub qkey: rocemu_wire::QKey,
+    /// The path's flow label (0: derived from the QPNs); rdma_cm puts one in the REQ and both
+    /// ends take their UDP source port from it.
+    pub flow_label: u32,
 }
 
 impl Default for ConnectOpts {
@@ -211,6 +214,7 @@ impl Default for ConnectOpts {
             psn_a: rocemu_wire::Psn::new(0x123),
             psn_b: rocemu_wire::Psn::new(0xabc),
             qkey: rocemu_wire::QKey(0x1111_1111),
+            flow_label: 0,
         }
     }
 }
@@ -250,6 +254,7 @@ pub fn bring_up(
     a.ah_attr = AhAttr {
         dgid: Gid::from_ip(remote_ip),
         hop_limit: 64,
+        flow_label: o.flow_label,
         ..Default::default()
     };
     let m = match qp_type {

@@ -12,7 +12,9 @@ use crate::remote::Endpoint;
 use rocemu_emulator::cm::{CmAgent, CmEvent, ConnParams};
 use rocemu_emulator::rnic::mr::MrInfo;
 use rocemu_emulator::rnic::*;
-use rocemu_wire::cm::{CmaHdr, CommId, PortSpace, RejReason, ReqRepr, ServiceId};
+use rocemu_wire::cm::{
+    rdma_cm_flow_label, CmaHdr, CommId, PortSpace, RejReason, ReqRepr, ServiceId,
+};
 use rocemu_wire::mad::MAD_LEN;
 use rocemu_wire::{Psn, QKey, Qpn};
 use std::collections::VecDeque;
@@ -280,6 +282,9 @@ impl Cm {
             CmaHdr::new(SocketAddr::new(local, src_port), server)
                 .and_then(|h| h.emit(&mut pd))
                 .map_err(|e| format!("rdma_cm: {e}"))?;
+            // As Linux's rdma_cm: the path's flow label from the two ports, and the QP's UDP
+            // source port from it (cma_get_roce_udp_flow_label, rdma_get_udp_sport).
+            let flow_label = rdma_cm_flow_label(src_port, port);
             let p = ConnParams {
                 qpn: me.qpn,
                 psn: me.psn,
@@ -287,6 +292,7 @@ impl Cm {
                 responder_resources: me.responder_resources,
                 initiator_depth: me.initiator_depth,
                 private_data: pd,
+                flow_label,
                 ..ConnParams::default()
             };
             let now = ep.engine.now();
@@ -299,7 +305,11 @@ impl Cm {
                 } => {
                     // The REP's values are in the agent; the initiator depth the peer granted
                     // bounds our reads in flight.
-                    rc_up(ep, me, me.initiator_depth, server, remote_qpn, remote_psn)?;
+                    let path = Path {
+                        peer: server,
+                        flow_label,
+                    };
+                    rc_up(ep, me, me.initiator_depth, path, remote_qpn, remote_psn)?;
                     return Ok(RcConn {
                         id,
                         peer: server,
@@ -355,11 +365,15 @@ impl Cm {
             self.pump(ep)?;
         };
         let mine = accepted(me, &req);
+        let path = Path {
+            peer: from,
+            flow_label: req.primary_path.flow_label,
+        };
         rc_up(
             ep,
             &mine,
             req.responder_resources.min(mine.initiator_depth).max(1),
-            from,
+            path,
             req.local_qpn,
             req.starting_psn,
         )?;
@@ -469,16 +483,24 @@ fn rej_text(r: RejReason) -> String {
     }
 }
 
+/// Where a connection goes: the peer, and the REQ's flow label.
+#[derive(Debug, Clone, Copy)]
+struct Path {
+    peer: IpAddr,
+    flow_label: u32,
+}
+
 /// RTR and RTS for a CM-connected RC QP: the peer sends from the PSN we announced, we send from
 /// the one it announced.
 fn rc_up(
     ep: &mut Endpoint,
     me: &RcSide,
     max_rd_atomic: u8,
-    peer: IpAddr,
+    path: Path,
     remote_qpn: Qpn,
     remote_psn: Psn,
 ) -> Result<(), String> {
+    let peer = path.peer;
     ep.engine.resolve(&mut ep.rnic, peer, RESOLVE)?;
     let active = ep.rnic.active_mtu();
     let mtu = crate::oob::mtu_from_enum(me.path_mtu as i64)
@@ -489,6 +511,7 @@ fn rc_up(
         mtu,
         timeout: me.timeout,
         max_rd_atomic: max_rd_atomic.max(1),
+        flow_label: path.flow_label,
         ..Default::default()
     };
     rocemu_emulator::sim::bring_up(

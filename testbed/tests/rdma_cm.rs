@@ -74,6 +74,69 @@ fn pingpong_connects_through_the_cm() {
     }
 }
 
+/// As Linux's rdma_cm (wire/tests/data/cm/rping.pcap): the REQ's primary path carries the flow
+/// label of the two ports, and both ends of the connected QP send from the UDP source port
+/// derived from it, not from their QPNs.
+#[test]
+fn the_req_flow_label_sets_both_ends_udp_source_port() {
+    use rocemu_wire::capture::CaptureReader;
+    use rocemu_wire::cm::{rdma_cm_flow_label, CmMadRepr, CmMessage, CmaHdr, ServiceId};
+    use rocemu_wire::frame::{parse_frame, udp_sport_for_flow};
+    use rocemu_wire::mad::gsi_payload;
+    use rocemu_wire::Qpn;
+    let dir = std::env::temp_dir().join(format!("rocemu-cm-fl-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let pcap = dir.join("client.pcap");
+    let p2 = pcap.clone();
+    let (s, c) = pair(
+        |ep| pingpong(ep, &pp(None, QpType::Rc)).map(|r| r.lines()),
+        move |ep| {
+            ep.engine.record(&p2).unwrap();
+            let r = pingpong(ep, &pp(Some("10.8.0.1"), QpType::Rc)).map(|r| r.lines());
+            ep.engine.finish_recording().unwrap();
+            r
+        },
+    );
+    s.unwrap();
+    c.unwrap();
+    let frames: Vec<Vec<u8>> = CaptureReader::open(&pcap)
+        .unwrap()
+        .map(|f| f.unwrap().data)
+        .collect();
+    std::fs::remove_dir_all(&dir).ok();
+    let mads: Vec<CmMessage> = frames
+        .iter()
+        .filter_map(|f| parse_frame(f).ok().and_then(|p| gsi_payload(&p)))
+        .filter_map(|m| CmMadRepr::parse(m).ok().map(|r| r.msg))
+        .collect();
+    let Some(CmMessage::Req(req)) = mads.iter().find(|m| matches!(m, CmMessage::Req(_))) else {
+        panic!("no REQ in {} frames", frames.len());
+    };
+    let Some(CmMessage::Rep(rep)) = mads.iter().find(|m| matches!(m, CmMessage::Rep(_))) else {
+        panic!("no REP");
+    };
+    let cma = CmaHdr::parse(&req.private_data).unwrap();
+    assert_eq!(
+        req.service_id,
+        ServiceId::rdma_cm(rocemu_wire::cm::PortSpace::TCP, 18515)
+    );
+    let fl = rdma_cm_flow_label(cma.src_port, 18515);
+    assert_ne!(fl, 0);
+    assert_eq!(req.primary_path.flow_label, fl);
+    let sport = udp_sport_for_flow(fl, req.local_qpn, rep.local_qpn);
+    let mut data = 0;
+    for f in &frames {
+        let Ok(p) = parse_frame(f) else { continue };
+        if p.bth.dqpn == Qpn::GSI {
+            continue;
+        }
+        assert_eq!(p.udp.sport, sport, "{:?} {:?}", p.opcode(), p.bth.dqpn);
+        data += 1;
+    }
+    // Both directions: the client's SENDs and ACKs, and the server's.
+    assert!(data >= 200, "{data} data frames");
+}
+
 #[test]
 fn pingpong_rdma_cm_is_rc_only() {
     let (pa, _pb) = pipe(Mac([2, 0, 0, 0, 8, 1]), Mac([2, 0, 0, 0, 8, 2]), 1500);
