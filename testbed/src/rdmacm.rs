@@ -1,7 +1,7 @@
 //! `rdma_cm` on a real datapath: QP1 (the GSI QP) carrying the IB CM's MADs for a
 //! [`CmAgent`], turned together with the engine, and the steps an `rdma_cm` application takes
-//! to connect an RC QP: [`Cm::connect_rc`] (`rdma_resolve_*` + `rdma_connect`) and
-//! [`Cm::accept_rc`] (`rdma_listen` + `rdma_accept`). Used by `rocemu rping`, by `rocemu perf
+//! to connect an RC QP: `Cm::connect_rc` (`rdma_resolve_*` + `rdma_connect`) and
+//! `Cm::accept_rc` (`rdma_listen` + `rdma_accept`). Used by `rocemu rping`, by `rocemu perf
 //! --rdma-cm` (perftest's `-R`) and by `rocemu pingpong --rdma-cm`.
 //!
 //! What goes on the wire follows Linux's `rdma_cm` over rxe (`wire/tests/data/cm/`): the REQ's
