@@ -200,3 +200,48 @@ fn perf_rdma_cm_every_test() {
         }
     }
 }
+
+/// perftest `-R`'s 56-byte binary address messages, read from a real `ib_write_bw -R` between two
+/// rxe peers (wire/tests/data/cm/write_bw_rdma_cm.pcap): the server's last address names the
+/// rkey and address that the client's first RDMA WRITE then carries in its RETH; and what
+/// RoCEmu writes reads back the same.
+#[test]
+fn perftest_binary_address_messages_of_a_real_run() {
+    use rocemu_testbed::oob::{PerftestDest, PERFTEST_DEST_LEN_BINARY};
+    use rocemu_wire::capture::CaptureReader;
+    use rocemu_wire::frame::parse_frame;
+    use rocemu_wire::Opcode;
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../wire/tests/data/cm/write_bw_rdma_cm.pcap");
+    let frames: Vec<Vec<u8>> = CaptureReader::open(&path)
+        .unwrap()
+        .map(|f| f.unwrap().data)
+        .collect();
+    let mut from_server = Vec::new();
+    let mut first_write = None;
+    for f in &frames {
+        let p = parse_frame(f).unwrap();
+        let server = p.ip.src().to_string() == "10.99.0.11";
+        if p.opcode() == Opcode::RC_SEND_ONLY && p.payload.len() == PERFTEST_DEST_LEN_BINARY {
+            let d = PerftestDest::from_binary(p.payload).unwrap();
+            // Round trip: everything the reader takes survives.
+            assert_eq!(PerftestDest::from_binary(&d.to_binary()).unwrap(), d);
+            if server {
+                from_server.push(d);
+            }
+        }
+        if p.opcode() == Opcode::RC_RDMA_WRITE_FIRST && first_write.is_none() {
+            first_write = p.ext.reth;
+        }
+    }
+    let reth = first_write.expect("the test's first WRITE");
+    assert!(from_server.len() >= 5, "{from_server:?}");
+    let last = from_server.last().unwrap();
+    assert_eq!((last.rkey, last.vaddr), (reth.rkey.0, reth.va), "{last:?}");
+    assert_eq!(&last.gid[10..], &[0xff, 0xff, 10, 99, 0, 11]);
+    // Malformed: a short message, and a QPN beyond 24 bits.
+    assert!(PerftestDest::from_binary(&[0; 55]).is_err());
+    let mut big = last.to_binary();
+    big[8] = 1;
+    assert!(PerftestDest::from_binary(&big).is_err());
+}
