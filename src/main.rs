@@ -43,8 +43,23 @@ enum Cmd {
     },
 }
 
+/// Lets a command that writes its results to stdout end quietly, as other command-line tools do,
+/// when the reader goes away (`rocemu decode big.pcap | head`): Rust ignores SIGPIPE, and every
+/// `println!` after that would panic. Not for the commands that talk over sockets (`agent`,
+/// `conformance`): a peer closing its Unix socket must be an error they handle, not their death.
+fn default_sigpipe() {
+    // SAFETY: `signal` with SIG_DFL only resets one signal's disposition; it runs first thing in
+    // `main`, before any thread of ours exists.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if !matches!(cli.cmd, Cmd::Agent(_) | Cmd::Conformance(_)) {
+        default_sigpipe();
+    }
     let r = match cli.cmd {
         Cmd::Agent(a) => agent::run(&a),
         Cmd::Conformance(a) => conformance::run(&a),
