@@ -367,6 +367,15 @@ impl CmAgent {
             }
             CmMessage::Dreq(r) => {
                 let Some(c) = self.conns.get_mut(&r.remote_comm_id.0) else {
+                    // A connection we no longer know (its DREP was lost and our time-wait is
+                    // over, or it never existed): answer anyway so the peer stops asking, as
+                    // Linux's ib_cm does (cm_issue_drep).
+                    let drep = CmMessage::Drep(RtuRepr {
+                        local_comm_id: r.remote_comm_id,
+                        remote_comm_id: r.local_comm_id,
+                        ..RtuRepr::default()
+                    });
+                    self.out.push_back((from, CmMadRepr::new(tid, drep)));
                     return;
                 };
                 if c.remote_comm_id != r.local_comm_id {
@@ -591,6 +600,36 @@ mod tests {
             psn: Psn::new(psn),
             ..ConnParams::default()
         }
+    }
+
+    #[test]
+    fn dreq_for_an_unknown_connection_gets_a_drep() {
+        let (mut a, mut b, sid) = two();
+        let t = Nanos(0);
+        let ida = a.connect(t, b.local_ip, sid, &params(0x11, 100));
+        pump(&mut a, &mut b, t, false);
+        let Some(CmEvent::ConnectRequest { id: idb, .. }) = b.poll_event() else {
+            panic!("no REQ reported");
+        };
+        b.accept(t, idb, &params(0x22, 200)).unwrap();
+        pump(&mut a, &mut b, t, false);
+        // B forgets everything (a restart); A's DREQ still gets its DREP.
+        let mut b2 = CmAgent::new(b.local_ip, 2, 3);
+        a.disconnect(t, ida).unwrap();
+        let (to, dreq) = a.poll_transmit().expect("a DREQ");
+        assert_eq!(to, b2.local_ip);
+        b2.handle_mad(t, a.local_ip, &dreq);
+        let (back, drep) = b2
+            .poll_transmit()
+            .expect("a DREP for an unknown connection");
+        assert_eq!(back, a.local_ip);
+        assert!(matches!(
+            CmMadRepr::parse(&drep).unwrap().msg,
+            CmMessage::Drep(r) if r.remote_comm_id == ida
+        ));
+        a.handle_mad(t, b2.local_ip, &drep);
+        assert!(std::iter::from_fn(|| a.poll_event())
+            .any(|e| matches!(e, CmEvent::Disconnected { id } if id == ida)));
     }
 
     #[test]
