@@ -12,7 +12,6 @@ use rocemu_wire::frame::{pad_for, IpRepr};
 use rocemu_wire::headers::{
     AethRepr, AtomicAckEthRepr, AtomicEthRepr, DethRepr, ExtHeaders, RethRepr,
 };
-use rocemu_wire::ip::{Ipv4Repr, Ipv6Repr};
 use rocemu_wire::{parse_frame, BthRepr, FrameRepr, Opcode, PKey, Psn, QKey, Qpn, RKey, Syndrome};
 use rocemu_wire::{Msn, SyndromeKind, ROCEV2_UDP_PORT};
 use std::fmt;
@@ -247,37 +246,7 @@ impl Peer {
 
     /// A frame of `opcode` to the device's QP `dqpn` at `psn`, with nothing else set.
     pub fn craft(&self, opcode: Opcode, dqpn: Qpn, psn: Psn) -> Craft {
-        let ip = match (self.ip, self.dut_ip) {
-            (IpAddr::V4(src), IpAddr::V4(dst)) => IpRepr::V4(Ipv4Repr {
-                src,
-                dst,
-                dscp: 0,
-                ecn: 0,
-                ident: 0,
-                dont_frag: true,
-                ttl: 64,
-                protocol: 17,
-                checksum: 0,
-                header_len: 20,
-                total_len: 0,
-            }),
-            (s, d) => {
-                let v6 = |a: IpAddr| match a {
-                    IpAddr::V6(a) => a,
-                    IpAddr::V4(a) => a.to_ipv6_mapped(),
-                };
-                IpRepr::V6(Ipv6Repr {
-                    src: v6(s),
-                    dst: v6(d),
-                    dscp: 0,
-                    ecn: 0,
-                    flow_label: 0,
-                    payload_len: 0,
-                    next_header: 17,
-                    hop_limit: 64,
-                })
-            }
-        };
+        let ip = IpRepr::roce(self.ip, self.dut_ip, 0, 64, 0);
         Craft {
             repr: FrameRepr {
                 eth: EthernetRepr {

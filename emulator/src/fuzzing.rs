@@ -7,7 +7,6 @@ use crate::sim::{bring_up, ConnectOpts, IP_A, IP_B, MAC_A, MAC_B};
 use crate::time::Nanos;
 use rocemu_wire::eth::EthernetRepr;
 use rocemu_wire::frame::{pad_for, IpRepr};
-use rocemu_wire::ip::Ipv4Repr;
 use rocemu_wire::{
     BthRepr, ExtHeaders, FrameRepr, Opcode, Psn, QKey, Qpn, RKey, RethRepr, ROCEV2_UDP_PORT,
 };
@@ -194,25 +193,7 @@ pub fn rnic_target(data: &[u8]) {
                         vlan: None,
                         ethertype: 0,
                     },
-                    ip: IpRepr::V4(Ipv4Repr {
-                        src: match IP_A {
-                            std::net::IpAddr::V4(a) => a,
-                            _ => unreachable!(),
-                        },
-                        dst: match IP_B {
-                            std::net::IpAddr::V4(a) => a,
-                            _ => unreachable!(),
-                        },
-                        dscp: 0,
-                        ecn: 0,
-                        ident: 0,
-                        dont_frag: true,
-                        ttl: 64,
-                        protocol: 17,
-                        checksum: 0,
-                        header_len: 20,
-                        total_len: 0,
-                    }),
+                    ip: IpRepr::roce(IP_A, IP_B, 0, 64, 0),
                     sport: 0xc000,
                     dport: ROCEV2_UDP_PORT,
                     bth,

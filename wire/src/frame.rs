@@ -25,6 +25,51 @@ pub enum IpRepr {
 }
 
 impl IpRepr {
+    /// The IP header of a RoCEv2 packet from `src` to `dst`: IPv4 when both addresses are, else
+    /// IPv6 with any IPv4 address in its mapped form (`::ffff:a.b.c.d`, as a RoCEv2 GID holds it).
+    /// DF set, `traffic_class` split into DSCP and ECN; lengths and checksum are the frame
+    /// builder's, the IPv4 identification is 0 (set it afterwards where it counts).
+    pub fn roce(
+        src: IpAddr,
+        dst: IpAddr,
+        traffic_class: u8,
+        hop_limit: u8,
+        flow_label: u32,
+    ) -> IpRepr {
+        let (dscp, ecn) = (traffic_class >> 2, traffic_class & 3);
+        match (src, dst) {
+            (IpAddr::V4(src), IpAddr::V4(dst)) => IpRepr::V4(Ipv4Repr {
+                src,
+                dst,
+                dscp,
+                ecn,
+                ident: 0,
+                dont_frag: true,
+                ttl: hop_limit,
+                protocol: PROTO_UDP,
+                checksum: 0,
+                header_len: 20,
+                total_len: 0,
+            }),
+            (s, d) => {
+                let v6 = |a: IpAddr| match a {
+                    IpAddr::V6(a) => a,
+                    IpAddr::V4(a) => a.to_ipv6_mapped(),
+                };
+                IpRepr::V6(Ipv6Repr {
+                    src: v6(s),
+                    dst: v6(d),
+                    dscp,
+                    ecn,
+                    flow_label,
+                    payload_len: 0,
+                    next_header: PROTO_UDP,
+                    hop_limit,
+                })
+            }
+        }
+    }
+
     pub fn src(&self) -> IpAddr {
         match self {
             IpRepr::V4(r) => IpAddr::V4(r.src),

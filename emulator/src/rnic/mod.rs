@@ -27,7 +27,6 @@ use mr::{MemTable, MrInfo};
 use qp::{Qp, RecvWqe, SendWqe};
 use rocemu_wire::eth::EthernetRepr;
 use rocemu_wire::frame::{IpRepr, ParsedFrame};
-use rocemu_wire::ip::{Ipv4Repr, Ipv6Repr};
 use rocemu_wire::opcode::Transport;
 use rocemu_wire::{parse_frame, BthRepr, ExtHeaders, FrameRepr, PKey, Psn, Qpn, ROCEV2_UDP_PORT};
 use std::cmp::Reverse;
@@ -135,40 +134,12 @@ impl Dev {
             .get(av.sgid_index as usize)
             .copied()
             .unwrap_or(self.cfg.ips[0]);
-        let ip = match (src, dst) {
-            (IpAddr::V4(s), IpAddr::V4(d)) => {
-                self.ip_ident = self.ip_ident.wrapping_add(1);
-                IpRepr::V4(Ipv4Repr {
-                    src: s,
-                    dst: d,
-                    dscp: av.traffic_class >> 2,
-                    ecn: av.traffic_class & 3,
-                    ident: self.ip_ident,
-                    dont_frag: true,
-                    ttl: if av.hop_limit == 0 { 64 } else { av.hop_limit },
-                    protocol: 17,
-                    checksum: 0,
-                    header_len: 20,
-                    total_len: 0,
-                })
-            }
-            (s, d) => IpRepr::V6(Ipv6Repr {
-                src: match s {
-                    IpAddr::V6(a) => a,
-                    IpAddr::V4(a) => a.to_ipv6_mapped(),
-                },
-                dst: match d {
-                    IpAddr::V6(a) => a,
-                    IpAddr::V4(a) => a.to_ipv6_mapped(),
-                },
-                dscp: av.traffic_class >> 2,
-                ecn: av.traffic_class & 3,
-                flow_label: av.flow_label,
-                payload_len: 0,
-                next_header: 17,
-                hop_limit: if av.hop_limit == 0 { 64 } else { av.hop_limit },
-            }),
-        };
+        let ttl = if av.hop_limit == 0 { 64 } else { av.hop_limit };
+        let mut ip = IpRepr::roce(src, dst, av.traffic_class, ttl, av.flow_label);
+        if let IpRepr::V4(v4) = &mut ip {
+            self.ip_ident = self.ip_ident.wrapping_add(1);
+            v4.ident = self.ip_ident;
+        }
         FrameRepr {
             eth: EthernetRepr {
                 dst: dmac,
