@@ -197,48 +197,32 @@ fn scenarios_run_through_the_json_client_against_an_engine() {
     );
 }
 
-/// A veth pair for the length of a test (deleted on drop).
-struct Veth(String);
-
-impl Veth {
-    /// `None` when interfaces cannot be created here (not root, no `ip`): the test is skipped.
-    fn new(a: &str, b: &str) -> Option<Veth> {
-        let ip = |args: &[&str]| {
-            std::process::Command::new("ip")
-                .args(args)
-                .stderr(std::process::Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success())
-        };
-        if !ip(&["link", "add", a, "type", "veth", "peer", "name", b]) {
-            return None;
-        }
-        let v = Veth(a.to_string());
-        (ip(&["link", "set", a, "up"]) && ip(&["link", "set", b, "up"])).then_some(v)
-    }
-}
-
-impl Drop for Veth {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("ip")
-            .args(["link", "del", &self.0])
-            .status();
-    }
-}
-
 #[test]
 fn scenarios_run_over_af_packet_on_a_veth_pair() {
     use rocemu_emulator::port::af_packet::{AfPacketOptions, AfPacketPort};
     use rocemu_emulator::port::Port;
-    let n = std::process::id() % 100_000;
-    let (a, b) = (format!("rcfa{n}"), format!("rcfb{n}"));
-    let Some(_veth) = Veth::new(&a, &b) else {
-        eprintln!("skipped: cannot create a veth pair here (needs root and iproute2)");
-        return;
+    use rocemu_testbed::netns::{self, End, VethPair};
+    // Two namespaces of its own joined by a veth pair (root, as scripts/test runs; without it
+    // the test fails saying so rather than passing untried).
+    let pair = VethPair::new(
+        &format!("rcf{}", std::process::id() % 100_000),
+        1500,
+        None,
+        None,
+    )
+    .expect("a veth pair between two network namespaces (needs root and iproute2)");
+    // A packet socket belongs to the namespace of the thread that opens it.
+    let open_in = |end: &End| {
+        let (ns, ifname) = (end.ns.clone(), end.ifname.clone());
+        std::thread::spawn(move || {
+            netns::enter(&ns)?;
+            AfPacketPort::open(&ifname, &AfPacketOptions { promiscuous: false }).map_err(|e| e.0)
+        })
+        .join()
+        .unwrap()
     };
-    let opts = AfPacketOptions { promiscuous: false };
-    let dut_port = AfPacketPort::open(&a, &opts).expect("AF_PACKET on the device's end");
-    let peer_port = AfPacketPort::open(&b, &opts).expect("AF_PACKET on the peer's end");
+    let dut_port = open_in(&pair.a).expect("AF_PACKET on the device's end");
+    let peer_port = open_in(&pair.b).expect("AF_PACKET on the peer's end");
     let (dut_mac, peer_mac) = (dut_port.mac(), peer_port.mac());
     let path = socket_path("veth");
     let listener = Listener::bind(&format!("unix:{path}")).unwrap();
