@@ -366,21 +366,6 @@ impl CmAgent {
                 }
             }
             CmMessage::Dreq(r) => {
-                let Some(c) = self.conns.get_mut(&r.remote_comm_id.0) else {
-                    // A connection we no longer know (its DREP was lost and our time-wait is
-                    // over, or it never existed): answer anyway so the peer stops asking, as
-                    // Linux's ib_cm does (cm_issue_drep).
-                    let drep = CmMessage::Drep(RtuRepr {
-                        local_comm_id: r.remote_comm_id,
-                        remote_comm_id: r.local_comm_id,
-                        ..RtuRepr::default()
-                    });
-                    self.out.push_back((from, CmMadRepr::new(tid, drep)));
-                    return;
-                };
-                if c.remote_comm_id != r.local_comm_id {
-                    return;
-                }
                 let drep = CmMadRepr::new(
                     tid,
                     CmMessage::Drep(RtuRepr {
@@ -389,6 +374,16 @@ impl CmAgent {
                         ..RtuRepr::default()
                     }),
                 );
+                let Some(c) = self.conns.get_mut(&r.remote_comm_id.0) else {
+                    // A connection we no longer know (its DREP was lost and our time-wait is
+                    // over, or it never existed): answer anyway so the peer stops asking, as
+                    // Linux's ib_cm does (cm_issue_drep).
+                    self.out.push_back((from, drep));
+                    return;
+                };
+                if c.remote_comm_id != r.local_comm_id {
+                    return;
+                }
                 // A repeated DREQ gets the same DREP; the first one ends the connection.
                 self.out.push_back((c.peer, drep));
                 if matches!(c.state, CmState::Established | CmState::DreqSent) {
