@@ -31,7 +31,7 @@ use crate::oob::{
     mtu_to_enum, DestForm, OobError, OobErrorKind, OobResult, PerftestDest, PerftestTest,
     PerftestXchg, Role, SysData,
 };
-use crate::rdmacm::{Cm, RcConn, RcSide, CM_TIMEOUT};
+use crate::rdmacm::{server_ip, Cm, RcConn, RcSide, CM_TIMEOUT};
 use crate::remote::{
     data_phase, dests, perf_setup, post_server_recvs, random_psn, Endpoint, Exchange, PerfOpts,
     PerfOutcome, Step, OUT_READS, RX_DEPTH,
@@ -41,7 +41,6 @@ use rocemu_emulator::rnic::mr::MrInfo;
 use rocemu_emulator::rnic::*;
 use rocemu_wire::cm::CommId;
 use rocemu_wire::Qpn;
-use std::net::{IpAddr, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
 /// Receive slots on the exchange QP; each holds the largest message (56 bytes).
@@ -295,19 +294,6 @@ impl Exchange for CmExchange<'_> {
     }
 }
 
-/// The server's address as perftest takes it (`getaddrinfo`, IPv4 only).
-fn server_ip(name: &str, port: u16) -> Result<IpAddr, String> {
-    if let Ok(ip) = name.parse::<IpAddr>() {
-        return Ok(ip);
-    }
-    (name, port)
-        .to_socket_addrs()
-        .map_err(|e| format!("{name}: {e}"))?
-        .find(|a| a.is_ipv4())
-        .map(|a| a.ip())
-        .ok_or_else(|| format!("{name}: no IPv4 address"))
-}
-
 /// Runs one end of a perftest benchmark with `-R` (client when `o.server` is set).
 pub(crate) fn perf(ep: &mut Endpoint, o: &PerfOpts) -> Result<PerfOutcome, String> {
     let role = if o.server.is_some() {
@@ -320,7 +306,7 @@ pub(crate) fn perf(ep: &mut Endpoint, o: &PerfOpts) -> Result<PerfOutcome, Strin
     let peer = o
         .server
         .as_deref()
-        .map(|s| server_ip(s, o.port))
+        .map(|s| server_ip(s, o.port, true))
         .transpose()?;
     let active = ep.rnic.active_mtu();
     let want = o.mtu.bytes().min(active.bytes());

@@ -18,7 +18,7 @@ use rocemu_wire::cm::{
 use rocemu_wire::mad::MAD_LEN;
 use rocemu_wire::{Psn, QKey, Qpn};
 use std::collections::VecDeque;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
 /// The GSI Q_Key (IBTA 13.5.1).
@@ -447,6 +447,20 @@ impl Cm {
             }
         }
     }
+}
+
+/// The server's address as rdma_cm's tools take it: a literal, else the resolver's first answer
+/// (only IPv4 ones with `ipv4_only`, as perftest asks `getaddrinfo` for AF_INET).
+pub(crate) fn server_ip(name: &str, port: u16, ipv4_only: bool) -> Result<IpAddr, String> {
+    if let Ok(ip) = name.parse::<IpAddr>() {
+        return Ok(ip);
+    }
+    (name, port)
+        .to_socket_addrs()
+        .map_err(|e| format!("{name}: {e}"))?
+        .find(|a| !ipv4_only || a.is_ipv4())
+        .map(|a| a.ip())
+        .ok_or_else(|| format!("{name}: no {}address", if ipv4_only { "IPv4 " } else { "" }))
 }
 
 /// What the passive side settles from a REQ: the smaller MTU, and reads/atomics no deeper than

@@ -18,7 +18,7 @@ use rocemu_emulator::rnic::mr::MrInfo;
 use rocemu_emulator::rnic::*;
 use rocemu_emulator::sim::{bring_up, pattern, ConnectOpts};
 use rocemu_wire::{Psn, Qpn};
-use std::net::{IpAddr, Ipv6Addr, TcpListener, ToSocketAddrs};
+use std::net::{IpAddr, Ipv6Addr, TcpListener};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -511,15 +511,7 @@ fn pp_rdma_cm(
     };
     let conn = match &o.server {
         Some(server) => {
-            let ip = match server.parse::<IpAddr>() {
-                Ok(ip) => ip,
-                Err(_) => (server.as_str(), o.port)
-                    .to_socket_addrs()
-                    .map_err(|e| format!("{server}: {e}"))?
-                    .next()
-                    .map(|a| a.ip())
-                    .ok_or_else(|| format!("{server}: no address"))?,
-            };
+            let ip = crate::rdmacm::server_ip(server, o.port, false)?;
             cm.connect_rc(ep, ip, o.port, &me, 0)?
         }
         None => {
