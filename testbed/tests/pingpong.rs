@@ -2,22 +2,10 @@
 //! pipe, the `ibv_rc_pingpong` TCP exchange on the loopback interface. Covers `--imm` (every
 //! message with an immediate checked by the receiver, SEND and RDMA WRITE, RC / UC / UD), the
 //! failure a missing immediate gives, and `--op write`'s rkey:vaddr message. No root needed.
-use rocemu_emulator::engine::Engine;
-use rocemu_emulator::port::pipe::pipe;
+mod common;
 use rocemu_emulator::rnic::*;
-use rocemu_testbed::remote::{pingpong, Endpoint, ImmOp, PingpongOpts, WriteKey};
-use rocemu_wire::eth::Mac;
-use std::net::{IpAddr, Ipv4Addr, TcpListener};
-
-fn endpoint(port: rocemu_emulator::port::pipe::PipePort, last: u8) -> Endpoint {
-    let ip = IpAddr::V4(Ipv4Addr::new(10, 7, 0, last));
-    let mut cfg = RnicConfig::new(Mac([2, 0, 0, 0, 7, last]), ip, last as u64);
-    cfg.eth_mtu = 1500;
-    Endpoint {
-        rnic: Rnic::new(cfg),
-        engine: Engine::new(Box::new(port)),
-    }
-}
+use rocemu_testbed::remote::{pingpong, ImmOp, PingpongOpts, WriteKey};
+use std::net::TcpListener;
 
 fn free_tcp_port() -> u16 {
     let l = TcpListener::bind(("0.0.0.0", 0)).unwrap();
@@ -32,7 +20,6 @@ fn run(
     srv: (Option<ImmOp>, u64),
     cli: (Option<ImmOp>, u64),
 ) -> (Result<Vec<String>, String>, Result<Vec<String>, String>) {
-    let (pa, pb) = pipe(Mac([2, 0, 0, 0, 7, 1]), Mac([2, 0, 0, 0, 7, 2]), 1500);
     let port = free_tcp_port();
     let opts = |server: Option<String>, (imm, iters): (Option<ImmOp>, u64)| PingpongOpts {
         server,
@@ -48,18 +35,13 @@ fn run(
     };
     let so = opts(None, srv);
     let co = opts(Some("127.0.0.1".into()), cli);
-    let s = std::thread::spawn(move || {
-        let mut ep = endpoint(pa, 1);
-        pingpong(&mut ep, &so).map(|r| r.lines())
-    });
-    let mut ep = endpoint(pb, 2);
-    let c = pingpong(&mut ep, &co).map(|r| r.lines());
-    // A client that gave up must still acknowledge what the server sends, or the server stalls.
-    while !s.is_finished() {
-        let w = ep.engine.poll(&mut ep.rnic);
-        ep.engine.idle(w);
-    }
-    (s.join().unwrap(), c)
+    // A client that gave up must still acknowledge what the server sends, or the server
+    // stalls: `pair` keeps its endpoint turning until the server is done.
+    common::pair(
+        7,
+        move |ep| pingpong(ep, &so).map(|r| r.lines()),
+        |ep| pingpong(ep, &co).map(|r| r.lines()),
+    )
 }
 
 fn checked(lines: &[String]) -> &str {

@@ -3,41 +3,13 @@
 //! perf --rdma-cm` (perftest's `-R`: the exchange as SENDs on an RC QP connected through the
 //! CM, then the test QPs through the CM too), every byte checked where the test allows it.
 //! No root needed. The same code runs against `ib_*_bw -R` in `scripts/interop-tests`.
-use rocemu_emulator::engine::Engine;
-use rocemu_emulator::port::pipe::{pipe, PipePort};
+mod common;
+
+use rocemu_emulator::port::pipe::pipe;
 use rocemu_emulator::rnic::*;
 use rocemu_testbed::perf::Test;
-use rocemu_testbed::remote::{perf, pingpong, Endpoint, PerfOpts, PingpongOpts};
+use rocemu_testbed::remote::{perf, pingpong, PerfOpts, PingpongOpts};
 use rocemu_wire::eth::Mac;
-use std::net::{IpAddr, Ipv4Addr};
-
-fn endpoint(port: PipePort, last: u8) -> Endpoint {
-    let ip = IpAddr::V4(Ipv4Addr::new(10, 8, 0, last));
-    let mut cfg = RnicConfig::new(Mac([2, 0, 0, 0, 8, last]), ip, last as u64);
-    cfg.eth_mtu = 1500;
-    Endpoint {
-        rnic: Rnic::new(cfg),
-        engine: Engine::new(Box::new(port)),
-    }
-}
-
-/// Runs `server` on one endpoint's thread and `client` on this one; returns both results. The
-/// client's endpoint keeps turning until the server is done (it answers the server's last
-/// frames).
-fn pair<S: Send + 'static, C>(
-    server: impl FnOnce(&mut Endpoint) -> S + Send + 'static,
-    client: impl FnOnce(&mut Endpoint) -> C,
-) -> (S, C) {
-    let (pa, pb) = pipe(Mac([2, 0, 0, 0, 8, 1]), Mac([2, 0, 0, 0, 8, 2]), 1500);
-    let s = std::thread::spawn(move || server(&mut endpoint(pa, 1)));
-    let mut ep = endpoint(pb, 2);
-    let c = client(&mut ep);
-    while !s.is_finished() {
-        let w = ep.engine.poll(&mut ep.rnic);
-        ep.engine.idle(w);
-    }
-    (s.join().unwrap(), c)
-}
 
 fn pp(server: Option<&str>, transport: QpType) -> PingpongOpts {
     PingpongOpts {
@@ -56,7 +28,8 @@ fn pp(server: Option<&str>, transport: QpType) -> PingpongOpts {
 
 #[test]
 fn pingpong_connects_through_the_cm() {
-    let (s, c) = pair(
+    let (s, c) = common::pair(
+        8,
         |ep| pingpong(ep, &pp(None, QpType::Rc)).map(|r| r.lines()),
         |ep| pingpong(ep, &pp(Some("10.8.0.1"), QpType::Rc)).map(|r| r.lines()),
     );
@@ -88,7 +61,8 @@ fn the_req_flow_label_sets_both_ends_udp_source_port() {
     std::fs::create_dir_all(&dir).unwrap();
     let pcap = dir.join("client.pcap");
     let p2 = pcap.clone();
-    let (s, c) = pair(
+    let (s, c) = common::pair(
+        8,
         |ep| pingpong(ep, &pp(None, QpType::Rc)).map(|r| r.lines()),
         move |ep| {
             ep.engine.record(&p2).unwrap();
@@ -140,7 +114,7 @@ fn the_req_flow_label_sets_both_ends_udp_source_port() {
 #[test]
 fn pingpong_rdma_cm_is_rc_only() {
     let (pa, _pb) = pipe(Mac([2, 0, 0, 0, 8, 1]), Mac([2, 0, 0, 0, 8, 2]), 1500);
-    let e = pingpong(&mut endpoint(pa, 1), &pp(None, QpType::Uc)).unwrap_err();
+    let e = pingpong(&mut common::endpoint(pa, 8, 1), &pp(None, QpType::Uc)).unwrap_err();
     assert!(e.contains("--transport rc"), "{e}");
 }
 
@@ -177,7 +151,8 @@ fn perf_rdma_cm_every_test() {
         (Test::Send, true, 1),
     ] {
         let what = format!("{test:?} lat={lat} qps={qps}");
-        let (s, c) = pair(
+        let (s, c) = common::pair(
+            8,
             move |ep| perf(ep, &po(None, test, lat, qps)),
             |ep| perf(ep, &po(Some("10.8.0.1"), test, lat, qps)),
         );
