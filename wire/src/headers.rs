@@ -360,8 +360,38 @@ impl ExtHeaders {
         e
     }
 
+    /// The extension headers present, as `hdr` bits.
+    fn present(&self) -> u16 {
+        let bit = |p: bool, h: u16| if p { h } else { 0 };
+        bit(self.feth.is_some(), hdr::FETH)
+            | bit(self.reth.is_some(), hdr::RETH)
+            | bit(self.atomic.is_some(), hdr::ATOMIC_ETH)
+            | bit(self.deth.is_some(), hdr::DETH)
+            | bit(self.aeth.is_some(), hdr::AETH)
+            | bit(self.atomic_ack.is_some(), hdr::ATOMIC_ACK_ETH)
+            | bit(self.imm.is_some(), hdr::IMM)
+            | bit(self.ieth.is_some(), hdr::IETH)
+    }
+
     /// Checks that exactly the headers `info`'s layout needs are present.
+    #[inline]
     pub fn check_layout(&self, info: &OpcodeInfo) -> Result<(), crate::BuildError> {
+        const EXT: u16 = hdr::FETH
+            | hdr::RETH
+            | hdr::ATOMIC_ETH
+            | hdr::DETH
+            | hdr::AETH
+            | hdr::ATOMIC_ACK_ETH
+            | hdr::IMM
+            | hdr::IETH;
+        if self.present() == info.headers & EXT {
+            return Ok(());
+        }
+        self.layout_mismatch(info)
+    }
+
+    #[cold]
+    fn layout_mismatch(&self, info: &OpcodeInfo) -> Result<(), crate::BuildError> {
         let has = |h: u16| info.headers & h != 0;
         let checks: [(&'static str, bool, bool); 8] = [
             ("FETH", self.feth.is_some(), has(hdr::FETH)),

@@ -11,6 +11,15 @@
 //! is fed to crc32fast straight from the frame, never copied.
 use crc32fast::Hasher;
 
+/// A fresh CRC-32 hasher. crc32fast picks its kernel by CPU feature detection each time a
+/// `Hasher` is made — a handful of atomic loads and tests, as much as a short packet's CRC
+/// costs — so it is done once and the result cloned.
+#[inline]
+fn hasher() -> Hasher {
+    static PROTO: std::sync::OnceLock<Hasher> = std::sync::OnceLock::new();
+    PROTO.get_or_init(Hasher::new).clone()
+}
+
 /// CRC-32 of eight 0xFF bytes, the LRH stand-in every ICRC starts with.
 const CRC_OF_8_ONES: u32 = 0x2144_df1c;
 
@@ -95,7 +104,7 @@ pub fn compute(datagram: &[u8], ip_header_len: usize, ipv6: bool) -> u32 {
     for (i, m) in mask.iter().enumerate().skip(1) {
         buf[i * 16..i * 16 + 16].copy_from_slice(&or16(datagram, i * 16 - 8, m));
     }
-    let mut h = Hasher::new();
+    let mut h = hasher();
     h.update(&buf[..head]);
     h.update(&datagram[from..]);
     h.finalize()
@@ -157,7 +166,9 @@ pub fn compute_in_place(
         frame[at..at + 16].copy_from_slice(&v);
     }
     debug_assert!(base + head <= end - 4);
-    let crc = crc32fast::hash(&frame[base..end - 4]);
+    let mut h = hasher();
+    h.update(&frame[base..end - 4]);
+    let crc = h.finalize();
     for (i, v) in saved.iter().enumerate().take(mask.len()) {
         let at = base + i * 16;
         frame[at..at + 16].copy_from_slice(v);

@@ -9,14 +9,30 @@ pub const IPV6_HEADER_LEN: usize = 40;
 pub const PROTO_UDP: u8 = 17;
 
 /// RFC 1071 one's-complement sum of 16-bit words, folded.
-pub fn ones_complement_sum(data: &[u8], mut acc: u32) -> u16 {
-    let mut chunks = data.chunks_exact(2);
-    for c in &mut chunks {
-        acc += u16::from_be_bytes([c[0], c[1]]) as u32;
+pub fn ones_complement_sum(data: &[u8], acc: u32) -> u16 {
+    fold(word_sum(data) as u64 + acc as u64)
+}
+
+/// The sum of `data`'s big-endian 16-bit words (a last odd byte as the high half of a word),
+/// not folded: what an incremental checksum starts from. Read four bytes at a time, since the
+/// sum of big-endian 32-bit words folds to the same value as the sum of their 16-bit halves.
+pub(crate) fn word_sum(data: &[u8]) -> u32 {
+    let mut acc = 0u64;
+    let mut quads = data.chunks_exact(4);
+    for q in &mut quads {
+        acc += u32::from_be_bytes([q[0], q[1], q[2], q[3]]) as u64;
     }
-    if let [last] = chunks.remainder() {
-        acc += (*last as u32) << 8;
+    let mut rest = quads.remainder().chunks_exact(2);
+    for c in &mut rest {
+        acc += u16::from_be_bytes([c[0], c[1]]) as u64;
     }
+    if let [last] = rest.remainder() {
+        acc += (*last as u64) << 8;
+    }
+    fold(acc) as u32
+}
+
+fn fold(mut acc: u64) -> u16 {
     while acc >> 16 != 0 {
         acc = (acc & 0xffff) + (acc >> 16);
     }
