@@ -179,17 +179,39 @@ pub fn parse_frame(frame: &[u8]) -> Result<ParsedFrame<'_>, Error> {
 /// [`icrc::compute_in_place`]): what a receive path that owns its buffer uses. `None` when the
 /// bytes are not a well-formed RoCEv2 frame. The frame is left as it was.
 pub fn icrc_ok_in_place(frame: &mut [u8]) -> Option<bool> {
-    let (l3, ihl, v6, end, wire) = {
-        let p = parse_frame(frame).ok()?;
-        (
-            p.eth.header_len(),
-            p.ip.header_len(),
-            p.ip.is_v6(),
-            p.eth.header_len() + p.datagram.len(),
-            p.icrc,
-        )
+    parse_frame_in_place(frame).ok().map(|(_, ok)| ok)
+}
+
+/// Parses a frame in a buffer the caller owns and verifies its ICRC in the same call: one parse
+/// and one CRC pass over the frame itself (its variant fields are masked in place and put
+/// back, see [`icrc::compute_in_place`]). Returns the parsed frame and whether the ICRC on the
+/// wire verifies. The frame is left as it was.
+#[inline]
+pub fn parse_frame_in_place(frame: &mut [u8]) -> Result<(ParsedFrame<'_>, bool), Error> {
+    // The parse borrows the frame; its values are copied out (offsets instead of slices) so that
+    // the CRC may write the masked head in place, then the view is put back together.
+    let (mut head, l3, dg_len, payload_len) = {
+        let p = parse_frame(frame)?;
+        let l3 = p.eth.header_len();
+        let head = ParsedFrame {
+            payload: &[],
+            datagram: &[],
+            ..p
+        };
+        (head, l3, p.datagram.len(), p.payload.len())
     };
-    Some(icrc::to_wire(icrc::compute_in_place(frame, l3, ihl, v6, end)) == wire)
+    let c = icrc::compute_in_place(
+        frame,
+        l3,
+        head.ip.header_len(),
+        head.ip.is_v6(),
+        l3 + dg_len,
+    );
+    let ok = icrc::to_wire(c) == head.icrc;
+    let frame = &*frame;
+    head.datagram = &frame[l3..l3 + dg_len];
+    head.payload = &frame[head.payload_offset..head.payload_offset + payload_len];
+    Ok((head, ok))
 }
 
 /// Parses a bare IP datagram (a capture with a raw-IP link type). `eth` in the result is all
@@ -422,15 +444,16 @@ impl FrameRepr {
         buf[u + 2..u + 4].copy_from_slice(&self.dport.to_be_bytes());
         buf[u + 4..u + 6].copy_from_slice(&(udp_len as u16).to_be_bytes());
         buf[u + 6..u + 8].fill(0);
-        let b = u + UDP_HEADER_LEN;
-        self.bth.emit(&mut buf[b..]);
-        let e = b + len::BTH;
-        let p = e + self.ext.emit(info, &mut buf[e..]);
-        fill(&mut buf[p..p + payload_len]);
-        let pad_end = p + payload_len + self.bth.pad as usize;
-        buf[p + payload_len..pad_end].fill(0);
-        let c = icrc::compute_in_place(buf, l3, ihl, self.ip.is_v6(), pad_end + len::ICRC);
-        buf[pad_end..pad_end + 4].copy_from_slice(&icrc::to_wire(c));
+        let v6 = self.ip.is_v6();
+        emit_transport(
+            buf,
+            u + UDP_HEADER_LEN,
+            (l3, ihl, v6),
+            &self.bth,
+            &self.ext,
+            payload_len,
+            fill,
+        );
         Ok(total)
     }
 
@@ -438,6 +461,32 @@ impl FrameRepr {
     pub fn emit_with_payload(&self, buf: &mut [u8], payload: &[u8]) -> Result<usize, BuildError> {
         self.emit(buf, payload.len(), |dst| dst.copy_from_slice(payload))
     }
+}
+
+/// Writes what follows the UDP header at `b` in `buf` (which is exactly the frame): the BTH, the
+/// extension headers, `payload_len` bytes from `fill`, the zero pad and the ICRC, computed in
+/// place over the frame whose IP header is at `ip.0` (`ip.1` bytes long, IPv6 when `ip.2`). The
+/// caller checked the layout and the lengths.
+#[inline(always)]
+pub(crate) fn emit_transport(
+    buf: &mut [u8],
+    b: usize,
+    ip: (usize, usize, bool),
+    bth: &BthRepr,
+    ext: &ExtHeaders,
+    payload_len: usize,
+    fill: impl FnOnce(&mut [u8]),
+) {
+    let info = bth.opcode.info();
+    bth.emit(&mut buf[b..]);
+    let e = b + len::BTH;
+    let p = e + ext.emit(info, &mut buf[e..]);
+    fill(&mut buf[p..p + payload_len]);
+    let pad_end = p + payload_len + bth.pad as usize;
+    buf[p + payload_len..pad_end].fill(0);
+    let (l3, ihl, v6) = ip;
+    let c = icrc::compute_in_place(buf, l3, ihl, v6, pad_end + len::ICRC);
+    buf[pad_end..pad_end + 4].copy_from_slice(&icrc::to_wire(c));
 }
 
 /// The pad count that brings a payload to a multiple of four bytes (IBTA 9.2: PadCnt).

@@ -28,17 +28,19 @@ pub mod ip;
 pub mod mad;
 pub mod nd;
 pub mod opcode;
+pub mod template;
 pub mod types;
 
 pub use cm::{CmMadRepr, CmMessage, CmaHdr};
 pub use error::{BuildError, Error, Layer};
 pub use frame::{
-    flow_label_for, icrc_ok_in_place, parse_frame, udp_sport_for_flow, udp_sport_for_qpn,
-    FrameRepr, IpRepr, ParsedFrame, ROCEV2_UDP_PORT,
+    flow_label_for, icrc_ok_in_place, parse_frame, parse_frame_in_place, udp_sport_for_flow,
+    udp_sport_for_qpn, FrameRepr, IpRepr, ParsedFrame, ROCEV2_UDP_PORT,
 };
 pub use headers::{
     AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, ExtHeaders, FethRepr, RethRepr,
 };
 pub use mad::{MadError, MadRepr};
 pub use opcode::{Opcode, OpcodeInfo, Position, Transport};
+pub use template::HeaderTemplate;
 pub use types::{Msn, NakCode, PKey, Psn, QKey, Qpn, RKey, Syndrome, SyndromeKind};

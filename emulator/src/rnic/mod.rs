@@ -28,7 +28,9 @@ use qp::{Qp, RecvWqe, SendWqe};
 use rocemu_wire::eth::EthernetRepr;
 use rocemu_wire::frame::{IpRepr, ParsedFrame};
 use rocemu_wire::opcode::Transport;
-use rocemu_wire::{parse_frame, BthRepr, ExtHeaders, FrameRepr, PKey, Psn, Qpn, ROCEV2_UDP_PORT};
+use rocemu_wire::{
+    parse_frame, BthRepr, ExtHeaders, FrameRepr, HeaderTemplate, PKey, Psn, Qpn, ROCEV2_UDP_PORT,
+};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::net::IpAddr;
@@ -118,9 +120,26 @@ impl Dev {
         }
     }
 
-    /// The frame headers for a packet of `qp` to its destination (or a UD destination).
+    /// The frame headers for a packet of `qp` to its destination (or a UD destination), with
+    /// the next IPv4 identification.
     pub fn frame_for(
         &mut self,
+        qp: &Qp,
+        av: &AhAttr,
+        dmac: Mac,
+        bth: BthRepr,
+        ext: ExtHeaders,
+    ) -> FrameRepr {
+        let mut repr = self.frame_repr(qp, av, dmac, bth, ext);
+        if let IpRepr::V4(v4) = &mut repr.ip {
+            v4.ident = self.next_ident();
+        }
+        repr
+    }
+
+    /// The frame headers for a packet of `qp` to `av` at `dmac`, IPv4 identification 0.
+    fn frame_repr(
+        &self,
         qp: &Qp,
         av: &AhAttr,
         dmac: Mac,
@@ -135,11 +154,6 @@ impl Dev {
             .copied()
             .unwrap_or(self.cfg.ips[0]);
         let ttl = if av.hop_limit == 0 { 64 } else { av.hop_limit };
-        let mut ip = IpRepr::roce(src, dst, av.traffic_class, ttl, av.flow_label);
-        if let IpRepr::V4(v4) = &mut ip {
-            self.ip_ident = self.ip_ident.wrapping_add(1);
-            v4.ident = self.ip_ident;
-        }
         FrameRepr {
             eth: EthernetRepr {
                 dst: dmac,
@@ -147,7 +161,7 @@ impl Dev {
                 vlan: None,
                 ethertype: 0,
             },
-            ip,
+            ip: IpRepr::roce(src, dst, av.traffic_class, ttl, av.flow_label),
             // rxe's choice (Annex A17.5.1.1 only asks for a port fixed per flow).
             sport: match qp.qp_type {
                 QpType::Ud => rocemu_wire::udp_sport_for_qpn(qp.qpn),
@@ -156,6 +170,57 @@ impl Dev {
             dport: ROCEV2_UDP_PORT,
             bth,
             ext,
+        }
+    }
+
+    /// The IPv4 identification of the next packet: one counter for the device.
+    fn next_ident(&mut self) -> u16 {
+        self.ip_ident = self.ip_ident.wrapping_add(1);
+        self.ip_ident
+    }
+
+    /// The header template of a connected QP's packets to its peer (its address vector and
+    /// destination QP as they stand).
+    fn template_for(&self, qp: &Qp) -> HeaderTemplate {
+        let bth = BthRepr::new(
+            rocemu_wire::Opcode::RC_ACKNOWLEDGE,
+            qp.attr.dest_qp_num,
+            Psn::new(0),
+        );
+        HeaderTemplate::new(&self.frame_repr(
+            qp,
+            &qp.attr.ah_attr,
+            qp.dmac,
+            bth,
+            ExtHeaders::default(),
+        ))
+    }
+
+    /// Builds a packet of `qp` with these transport headers at the front of `buf`: to `ud` (a UD
+    /// work request's destination and its MAC), or for a connected QP to its peer, from the QP's
+    /// header template. `fill` writes the payload, with the device's memory at hand. Returns the
+    /// frame length.
+    pub fn emit(
+        &mut self,
+        qp: &Qp,
+        ud: Option<(&AhAttr, Mac)>,
+        (bth, ext): (BthRepr, ExtHeaders),
+        buf: &mut [u8],
+        payload_len: usize,
+        fill: impl FnOnce(&MemTable, &mut [u8]),
+    ) -> Result<usize, rocemu_wire::BuildError> {
+        match (&qp.tmpl, ud) {
+            (Some(t), None) => {
+                let ident = if t.is_v6() { 0 } else { self.next_ident() };
+                let mem = &self.mem;
+                t.emit(buf, ident, &bth, &ext, payload_len, |d| fill(mem, d))
+            }
+            (_, ud) => {
+                let (av, dmac) = ud.unwrap_or((&qp.attr.ah_attr, qp.dmac));
+                let repr = self.frame_for(qp, av, dmac, bth, ext);
+                let mem = &self.mem;
+                repr.emit(buf, payload_len, |d| fill(mem, d))
+            }
         }
     }
 
@@ -668,6 +733,12 @@ impl Rnic {
             }
             s => qp.state = s,
         }
+        // A connected QP's packets all go to its peer: their headers are built once, from the
+        // attributes as they now stand (RESET cleared them; INIT has no peer yet).
+        qp.tmpl = match (qp.qp_type, qp.state) {
+            (QpType::Ud, _) | (_, QpState::Reset | QpState::Init) => None,
+            _ => Some(self.dev.template_for(qp)),
+        };
         self.refresh(slot);
         Ok(())
     }
@@ -817,18 +888,23 @@ impl Rnic {
         self.receive(now, frame, self.dev.cfg.check_icrc);
     }
 
-    /// One frame from the port, in a buffer the caller owns: the ICRC is verified in one pass
-    /// over the frame (its variant fields are masked in place and put back), which costs what a
-    /// plain CRC does. The frame is left as it was.
+    /// One frame from the port, in a buffer the caller owns: parsed once, and the ICRC verified
+    /// in one pass over the frame (its variant fields are masked in place and put back), which
+    /// costs what a plain CRC does. The frame is left as it was.
     pub fn handle_frame_mut(&mut self, now: Nanos, frame: &mut [u8]) {
-        if self.dev.cfg.check_icrc && rocemu_wire::icrc_ok_in_place(frame) == Some(false) {
-            let c = &mut self.dev.counters;
-            c.rx_packets += 1;
-            c.rx_bytes += frame.len() as u64;
-            c.rx_icrc_errors += 1;
+        if !self.dev.cfg.check_icrc {
+            self.receive(now, frame, false);
             return;
         }
-        self.receive(now, frame, false);
+        let c = &mut self.dev.counters;
+        c.rx_packets += 1;
+        c.rx_bytes += frame.len() as u64;
+        match rocemu_wire::parse_frame_in_place(frame) {
+            Err(_) => c.rx_malformed += 1,
+            // IBTA A17.3.3 / 9.6.1: ICRC errors are dropped silently.
+            Ok((_, false)) => c.rx_icrc_errors += 1,
+            Ok((pkt, true)) => self.receive_parsed(now, &pkt, false),
+        }
     }
 
     fn receive(&mut self, now: Nanos, frame: &[u8], check_icrc: bool) {
@@ -839,6 +915,12 @@ impl Rnic {
             c.rx_malformed += 1;
             return;
         };
+        self.receive_parsed(now, &pkt, check_icrc);
+    }
+
+    /// A parsed frame, counted already.
+    fn receive_parsed(&mut self, now: Nanos, pkt: &Packet<'_>, check_icrc: bool) {
+        let c = &mut self.dev.counters;
         if pkt.eth.dst != self.dev.cfg.mac && !pkt.eth.dst.is_multicast() {
             c.rx_not_ours += 1;
             return;
@@ -888,9 +970,9 @@ impl Rnic {
         }
         let info = pkt.bth.opcode.info();
         if info.is_response() {
-            completer::handle(&mut self.dev, qp, now, &pkt);
+            completer::handle(&mut self.dev, qp, now, pkt);
         } else {
-            responder::handle(&mut self.dev, qp, now, &pkt);
+            responder::handle(&mut self.dev, qp, now, pkt);
         }
         self.refresh(slot);
     }

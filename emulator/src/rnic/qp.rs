@@ -2,7 +2,7 @@
 //! cursors, the receive queue and the responder's state.
 use super::verbs::*;
 use crate::time::Nanos;
-use rocemu_wire::{Msn, Psn, Qpn};
+use rocemu_wire::{HeaderTemplate, Msn, Psn, Qpn};
 use std::collections::VecDeque;
 
 /// A posted send work request and its progress.
@@ -120,6 +120,8 @@ pub(crate) struct Qp {
     pub attr: QpAttr,
     /// Destination MAC, resolved at RTR.
     pub dmac: Mac,
+    /// RC, UC from RTR on: the Ethernet, IP and UDP headers of every packet to the peer.
+    pub tmpl: Option<HeaderTemplate>,
 
     // requester
     pub sq: VecDeque<SendWqe>,
@@ -176,6 +178,7 @@ impl Qp {
             state: QpState::Reset,
             attr: QpAttr::default(),
             dmac: Mac::default(),
+            tmpl: None,
             sq: VecDeque::new(),
             sq_next: 0,
             req_psn: Psn::new(0),

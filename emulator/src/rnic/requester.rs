@@ -278,7 +278,7 @@ fn emit_packet(
             ext.ieth = Some(RKey(invalidate_rkey));
         }
     }
-    let (av, dmac) = if ud {
+    let ud_dest = if ud {
         let d = w.wr.ud.unwrap_or(UdDest {
             ah: AhAttr::default(),
             remote_qpn: qp.qpn,
@@ -297,26 +297,33 @@ fn emit_packet(
         });
         bth.dqpn = d.remote_qpn;
         match dev.resolve(&d.ah) {
-            Some(m) => (d.ah, m),
+            Some(m) => Some((d.ah, m)),
             None => {
                 fail_wqe(dev, qp, idx, WcStatus::LocQpOpErr);
                 return None;
             }
         }
     } else {
-        (qp.attr.ah_attr, qp.dmac)
+        None
     };
-    let repr = dev.frame_for(qp, &av, dmac, bth, ext);
     let w = &qp.sq[idx];
-    let mem = &dev.mem;
-    let written = if w.wr.flags.contains(SendFlags::INLINE) {
-        let src = &w.wr.inline_data[offset as usize..(offset + payload_len) as usize];
-        repr.emit(buf, payload_len as usize, |d| d.copy_from_slice(src))
-    } else {
-        repr.emit(buf, payload_len as usize, |d| {
-            mem.gather(&w.wr.sg_list, offset, d)
-        })
-    };
+    let ud_dest = ud_dest.as_ref().map(|(ah, m)| (ah, *m));
+    let written = dev.emit(
+        qp,
+        ud_dest,
+        (bth, ext),
+        buf,
+        payload_len as usize,
+        |mem, d| {
+            if w.wr.flags.contains(SendFlags::INLINE) {
+                d.copy_from_slice(
+                    &w.wr.inline_data[offset as usize..(offset + payload_len) as usize],
+                );
+            } else {
+                mem.gather(&w.wr.sg_list, offset, d);
+            }
+        },
+    );
     let len = match written {
         Ok(n) => n,
         Err(_) => {

@@ -772,8 +772,6 @@ fn ud_receive(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
 /// Builds the next response packet (ACK, NAK, read response, atomic ACK) into `buf`.
 pub(crate) fn produce(dev: &mut Dev, qp: &mut Qp, _now: Nanos, buf: &mut [u8]) -> Option<usize> {
     let out = *qp.resp_out.front()?;
-    let av = qp.attr.ah_attr;
-    let dmac = qp.dmac;
     let dqpn = qp.attr.dest_qp_num;
     match out {
         RespOut::Ack { psn, syndrome, msn } => {
@@ -786,8 +784,7 @@ pub(crate) fn produce(dev: &mut Dev, qp: &mut Qp, _now: Nanos, buf: &mut [u8]) -
                 }),
                 ..Default::default()
             };
-            let repr = dev.frame_for(qp, &av, dmac, bth, ext);
-            repr.emit(buf, 0, |_| {}).ok()
+            dev.emit(qp, None, (bth, ext), buf, 0, |_, _| {}).ok()
         }
         RespOut::AtomicAck { psn, orig, msn } => {
             qp.resp_out.pop_front();
@@ -797,8 +794,7 @@ pub(crate) fn produce(dev: &mut Dev, qp: &mut Qp, _now: Nanos, buf: &mut [u8]) -
                 atomic_ack: Some(AtomicAckEthRepr { orig }),
                 ..Default::default()
             };
-            let repr = dev.frame_for(qp, &av, dmac, bth, ext);
-            repr.emit(buf, 0, |_| {}).ok()
+            dev.emit(qp, None, (bth, ext), buf, 0, |_, _| {}).ok()
         }
         RespOut::Read { res_psn } => {
             let mtu = qp.mtu();
@@ -863,10 +859,8 @@ pub(crate) fn produce(dev: &mut Dev, qp: &mut Qp, _now: Nanos, buf: &mut [u8]) -
             if opcode.info().has(rocemu_wire::opcode::hdr::AETH) {
                 ext.aeth = Some(AethRepr { syndrome: ACK, msn });
             }
-            let repr = dev.frame_for(qp, &av, dmac, bth, ext);
-            let mem = &dev.mem;
-            let n = repr
-                .emit(buf, plen as usize, |d| {
+            let n = dev
+                .emit(qp, None, (bth, ext), buf, plen as usize, |mem, d| {
                     if let Some((mr, o)) = src {
                         if let Some(Some(m)) = mem.mrs.get(mr) {
                             d.copy_from_slice(&m.data[o..o + d.len()]);
