@@ -39,6 +39,10 @@ pub struct Args {
     /// Work requests outstanding per QP.
     #[arg(short = 't', long = "tx-depth", default_value_t = 128)]
     tx_depth: usize,
+    /// A completion only every N work requests (perftest's CQ moderation: 100, or 1 above
+    /// 8 KiB, unless given; at most the TX depth).
+    #[arg(short = 'Q', long = "cq-mod")]
+    cq_mod: Option<usize>,
     /// Every size from 2 bytes to 8 MiB.
     #[arg(short = 'a', long)]
     all: bool,
@@ -102,6 +106,9 @@ pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
     if a.tx_depth == 0 || a.tx_depth > 8192 {
         return Err(format!("-t {}: tx depth between 1 and 8192", a.tx_depth).into());
     }
+    if a.cq_mod.is_some_and(|m| m == 0 || m > 1024) {
+        return Err("-Q: CQ moderation between 1 and 1024".into());
+    }
     if a.cmp_swap && a.test != TestArg::Atomic {
         return Err("--cmp-swap goes with the atomic test".into());
     }
@@ -142,12 +149,12 @@ pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
     };
     let mut reports: Vec<Report> = Vec::new();
     let rule = RULE;
+    let cq_mod = perf::cq_moderation(a.cq_mod, size, a.tx_depth);
     print_header(
         test,
         a.lat,
         "rocemu (in-process, one engine thread)",
-        a.qps,
-        a.tx_depth,
+        (a.qps, a.tx_depth, cq_mod),
         mtu.bytes(),
     );
     if imp.loss + imp.reorder + imp.duplicate + imp.corrupt > 0.0 {
@@ -174,6 +181,7 @@ pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
             qps: a.qps,
             mtu,
             tx_depth: a.tx_depth,
+            cq_mod: perf::cq_moderation(a.cq_mod, s, a.tx_depth),
             verify: a.verify,
             lat: a.lat,
             imp,
@@ -247,6 +255,7 @@ fn run_remote(
         a.pcap.as_deref(),
         Some((a.imp.get()?, a.imp.seed)),
     )?;
+    let tx_depth = a.tx_depth.min(iters as usize).max(1);
     let o = rocemu_testbed::remote::PerfOpts {
         test,
         server: a.server.clone(),
@@ -255,7 +264,8 @@ fn run_remote(
         iters,
         qps: a.qps,
         mtu,
-        tx_depth: a.tx_depth.min(iters as usize).max(1),
+        tx_depth,
+        cq_mod: perf::cq_moderation(a.cq_mod, size, tx_depth),
         verify: a.verify,
         qp_timeout: a.qp_timeout,
         lat: a.lat,
@@ -273,8 +283,7 @@ fn run_remote(
         test,
         a.lat,
         &format!("rocemu on {port}"),
-        a.qps,
-        o.tx_depth,
+        (a.qps, o.tx_depth, o.cq_mod),
         out.mtu,
     );
     println!(" Peer version   : {}", out.peer_version);
@@ -344,7 +353,8 @@ const RULE: &str =
     "---------------------------------------------------------------------------------------";
 
 /// perftest's banner: the test, the device and the connection's settings.
-fn print_header(test: Test, lat: bool, device: &str, qps: usize, tx_depth: usize, mtu: usize) {
+fn print_header(test: Test, lat: bool, device: &str, queues: (usize, usize, usize), mtu: usize) {
+    let (qps, tx_depth, cq_mod) = queues;
     let op = match test {
         Test::Write => "RDMA_Write",
         Test::Read => "RDMA_Read",
@@ -361,6 +371,9 @@ fn print_header(test: Test, lat: bool, device: &str, qps: usize, tx_depth: usize
     println!(" Number of qps  : {qps}\t\tTransport type : IB");
     println!(" Connection type : RC\t\tUsing SRQ      : OFF");
     println!(" TX depth       : {tx_depth}");
+    if !lat {
+        println!(" CQ Moderation  : {cq_mod}");
+    }
     println!(" Mtu            : {mtu}[B]");
     println!(" Link type      : Ethernet (RoCEv2)");
 }

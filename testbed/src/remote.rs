@@ -858,6 +858,8 @@ pub struct PerfOpts {
     /// The path MTU asked for (the smaller of the two ends' is used).
     pub mtu: Mtu,
     pub tx_depth: usize,
+    /// A completion every this many work requests (perftest's CQ moderation, -Q).
+    pub cq_mod: usize,
     pub verify: bool,
     pub qp_timeout: u8,
     /// Latency instead of bandwidth (ib_*_lat): one QP, one message in flight.
@@ -1315,6 +1317,9 @@ pub(crate) fn serve_send(ep: &mut Endpoint, o: &PerfOpts, s: &PerfSetup) -> Resu
     Ok(total)
 }
 
+/// wr_id of the bandwidth client's work requests: QP index << WR_QP_SHIFT | iteration.
+const WR_QP_SHIFT: u32 = 40;
+
 pub(crate) fn run_client(
     ep: &mut Endpoint,
     o: &PerfOpts,
@@ -1374,9 +1379,11 @@ pub(crate) fn run_client(
                 } else {
                     local
                 };
-                ep.rnic
-                    .post_send(q.qpn, SendWr::new(qi as u64, opcode, [local]))
-                    .map_err(verr)?;
+                let mut wr = SendWr::new((qi as u64) << WR_QP_SHIFT | posted[qi], opcode, [local]);
+                if !crate::perf::signaled(posted[qi], o.cq_mod, o.iters) {
+                    wr.flags = SendFlags::default();
+                }
+                ep.rnic.post_send(q.qpn, wr).map_err(verr)?;
                 posted[qi] += 1;
                 outstanding[qi] += 1;
             }
@@ -1396,16 +1403,19 @@ pub(crate) fn run_client(
         }
         last = Instant::now();
         for wc in &wcs {
-            let qi = wc.wr_id as usize;
+            let qi = (wc.wr_id >> WR_QP_SHIFT) as usize;
+            let Some(&q) = s.qps.get(qi) else { continue };
             if wc.status != WcStatus::Success {
                 errors += 1;
-                first_error.get_or_insert_with(|| {
-                    format!("{:?} on QP {:#x}", wc.status, s.qps[qi].qpn.value())
-                });
+                first_error
+                    .get_or_insert_with(|| format!("{:?} on QP {:#x}", wc.status, q.qpn.value()));
             }
-            done[qi] += 1;
-            outstanding[qi] -= 1;
-            completed += 1;
+            // Completions come in order per QP: this one covers every unsignaled work request
+            // before it.
+            let covered = ((wc.wr_id & ((1 << WR_QP_SHIFT) - 1)) + 1).saturating_sub(done[qi]);
+            done[qi] += covered;
+            outstanding[qi] = outstanding[qi].saturating_sub(covered as usize);
+            completed += covered;
         }
         if errors > 0 {
             break;

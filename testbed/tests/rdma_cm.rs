@@ -132,6 +132,7 @@ fn po(server: Option<&str>, test: Test, lat: bool, qps: usize) -> PerfOpts {
         qps,
         mtu: Mtu::M1024,
         tx_depth: 16,
+        cq_mod: 1,
         verify: server.is_some() && !lat && test != Test::Send,
         qp_timeout: 14,
         lat,
