@@ -36,6 +36,136 @@ impl SendWqe {
     }
 }
 
+/// The send queue: a ring of WQE slots, oldest first. Completing the oldest WQE drops it where
+/// it lies (its slot becomes empty): nothing is moved or shifted, which matters because a WQE is
+/// ~180 bytes and every message completes one. The ring grows by doubling when it is full (so a
+/// deep queue that is never used costs nothing); `post_send` bounds it by `max_send_wr`.
+#[derive(Debug, Default)]
+pub(crate) struct SendQueue {
+    /// A power of two long (or empty); slots `head .. head + len` (wrapping) are full.
+    slots: Vec<Option<SendWqe>>,
+    head: usize,
+    len: usize,
+}
+
+impl SendQueue {
+    #[inline]
+    fn slot(&self, i: usize) -> usize {
+        (self.head + i) & (self.slots.len().wrapping_sub(1))
+    }
+
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    #[inline]
+    pub fn get(&self, i: usize) -> Option<&SendWqe> {
+        if i < self.len {
+            self.slots[self.slot(i)].as_ref()
+        } else {
+            None
+        }
+    }
+
+    #[inline]
+    pub fn get_mut(&mut self, i: usize) -> Option<&mut SendWqe> {
+        if i < self.len {
+            let s = self.slot(i);
+            self.slots[s].as_mut()
+        } else {
+            None
+        }
+    }
+
+    #[inline]
+    pub fn front(&self) -> Option<&SendWqe> {
+        self.get(0)
+    }
+
+    #[inline]
+    pub fn push_back(&mut self, w: SendWqe) {
+        if self.len == self.slots.len() {
+            self.grow();
+        }
+        let s = self.slot(self.len);
+        self.slots[s] = Some(w);
+        self.len += 1;
+    }
+
+    /// Removes the oldest WQE and hands it over.
+    #[inline]
+    pub fn pop_front(&mut self) -> Option<SendWqe> {
+        if self.len == 0 {
+            return None;
+        }
+        let w = self.slots[self.head].take();
+        self.head = self.slot(1);
+        self.len -= 1;
+        w
+    }
+
+    /// Drops the oldest WQE in its slot.
+    #[inline]
+    pub fn drop_front(&mut self) {
+        if self.len > 0 {
+            self.slots[self.head] = None;
+            self.head = self.slot(1);
+            self.len -= 1;
+        }
+    }
+
+    /// Oldest first.
+    #[inline]
+    pub fn iter(&self) -> impl Iterator<Item = &SendWqe> {
+        let (head, len) = (self.head.min(self.slots.len()), self.len);
+        let (a, b) = self.slots.split_at(head);
+        b.iter().chain(a).take(len).flatten()
+    }
+
+    /// Oldest first.
+    #[inline]
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = &mut SendWqe> {
+        let (head, len) = (self.head.min(self.slots.len()), self.len);
+        let (a, b) = self.slots.split_at_mut(head);
+        b.iter_mut().chain(a).take(len).flatten()
+    }
+
+    fn grow(&mut self) {
+        let n = (self.slots.len() * 2).max(4);
+        let mut slots: Vec<Option<SendWqe>> = Vec::with_capacity(n);
+        for i in 0..self.len {
+            let s = self.slot(i);
+            slots.push(self.slots[s].take());
+        }
+        slots.resize_with(n, || None);
+        self.slots = slots;
+        self.head = 0;
+    }
+}
+
+impl core::ops::Index<usize> for SendQueue {
+    type Output = SendWqe;
+    #[inline]
+    fn index(&self, i: usize) -> &SendWqe {
+        match self.get(i) {
+            Some(w) => w,
+            None => panic!("send queue index {i} out of range (len {})", self.len),
+        }
+    }
+}
+
+impl core::ops::IndexMut<usize> for SendQueue {
+    #[inline]
+    fn index_mut(&mut self, i: usize) -> &mut SendWqe {
+        let len = self.len;
+        match self.get_mut(i) {
+            Some(w) => w,
+            None => panic!("send queue index {i} out of range (len {len})"),
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub(crate) struct RecvWqe {
     pub wr_id: u64,
@@ -122,9 +252,11 @@ pub(crate) struct Qp {
     pub dmac: Mac,
     /// RC, UC from RTR on: the Ethernet, IP and UDP headers of every packet to the peer.
     pub tmpl: Option<HeaderTemplate>,
+    /// The address of `attr.ah_attr.dgid`: a connected QP accepts packets from there only.
+    pub peer_ip: std::net::IpAddr,
 
     // requester
-    pub sq: VecDeque<SendWqe>,
+    pub sq: SendQueue,
     /// Index in `sq` of the WQE the requester sends next (or continues).
     pub sq_next: usize,
     /// Next PSN the requester sends.
@@ -179,7 +311,8 @@ impl Qp {
             attr: QpAttr::default(),
             dmac: Mac::default(),
             tmpl: None,
-            sq: VecDeque::new(),
+            peer_ip: std::net::IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED),
+            sq: SendQueue::default(),
             sq_next: 0,
             req_psn: Psn::new(0),
             rd_outstanding: 0,
@@ -237,6 +370,62 @@ impl Qp {
         match self.attr.timeout {
             0 => None,
             t => Some(Nanos(4096u64 << t.min(31))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wqe(id: u64) -> SendWqe {
+        SendWqe {
+            wr: SendWr::new(id, WrOpcode::Send, Vec::new()),
+            len: 0,
+            first_psn: Psn::new(0),
+            npkts: 0,
+            started: false,
+            resp_pkts: 0,
+            read_base: 0,
+            rd_counted: false,
+            done: false,
+            signaled: true,
+            error: None,
+        }
+    }
+
+    /// Against VecDeque, through pushes, pops, drops and growth across the wrap.
+    #[test]
+    fn send_queue_behaves_as_a_deque() {
+        let mut q = SendQueue::default();
+        let mut r = VecDeque::new();
+        let mut next = 0;
+        for step in 0..2000u64 {
+            match (step * 7919) % 5 {
+                0 | 1 | 2 => {
+                    q.push_back(wqe(next));
+                    r.push_back(next);
+                    next += 1;
+                }
+                3 => {
+                    assert_eq!(q.pop_front().map(|w| w.wr.wr_id), r.pop_front());
+                }
+                _ => {
+                    q.drop_front();
+                    r.pop_front();
+                }
+            }
+            assert_eq!(q.len(), r.len());
+            let ids: Vec<u64> = q.iter().map(|w| w.wr.wr_id).collect();
+            assert_eq!(ids, r.iter().copied().collect::<Vec<_>>());
+            for (i, w) in q.iter_mut().enumerate() {
+                w.npkts = i as u32;
+            }
+            for i in 0..q.len() {
+                assert_eq!(q[i].npkts, i as u32);
+                assert_eq!(q.get(i).map(|w| w.wr.wr_id), r.get(i).copied());
+            }
+            assert!(q.get(q.len()).is_none());
         }
     }
 }

@@ -43,7 +43,7 @@ pub(crate) fn complete_front(dev: &mut Dev, qp: &mut Qp) {
         w.signaled.then(|| wc_for(qp, w, WcStatus::Success)),
     );
     // Dropped where it lies: popping would copy the whole WQE out first.
-    qp.sq.drain(..1);
+    qp.sq.drop_front();
     if rd_counted {
         qp.rd_outstanding = qp.rd_outstanding.saturating_sub(1);
     }
@@ -113,6 +113,7 @@ fn packet_opcode(op: &WrOpcode, uc: bool, k: u32, n: u32) -> Opcode {
 }
 
 /// Builds the next request packet of `qp` into `buf`.
+#[inline]
 pub(crate) fn produce(dev: &mut Dev, qp: &mut Qp, now: Nanos, buf: &mut [u8]) -> Option<usize> {
     let idx = qp.sq_next;
     let w = qp.sq.get(idx)?;
@@ -174,6 +175,7 @@ pub(crate) fn produce(dev: &mut Dev, qp: &mut Qp, now: Nanos, buf: &mut [u8]) ->
     emit_packet(dev, qp, idx, now, buf)
 }
 
+#[inline]
 fn emit_packet(
     dev: &mut Dev,
     qp: &mut Qp,
@@ -311,7 +313,8 @@ fn emit_packet(
     let written = dev.emit(
         qp,
         ud_dest,
-        (bth, ext),
+        &bth,
+        &ext,
         buf,
         payload_len as usize,
         |mem, d| {

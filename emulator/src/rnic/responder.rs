@@ -784,7 +784,7 @@ pub(crate) fn produce(dev: &mut Dev, qp: &mut Qp, _now: Nanos, buf: &mut [u8]) -
                 }),
                 ..Default::default()
             };
-            dev.emit(qp, None, (bth, ext), buf, 0, |_, _| {}).ok()
+            dev.emit(qp, None, &bth, &ext, buf, 0, |_, _| {}).ok()
         }
         RespOut::AtomicAck { psn, orig, msn } => {
             qp.resp_out.pop_front();
@@ -794,7 +794,7 @@ pub(crate) fn produce(dev: &mut Dev, qp: &mut Qp, _now: Nanos, buf: &mut [u8]) -
                 atomic_ack: Some(AtomicAckEthRepr { orig }),
                 ..Default::default()
             };
-            dev.emit(qp, None, (bth, ext), buf, 0, |_, _| {}).ok()
+            dev.emit(qp, None, &bth, &ext, buf, 0, |_, _| {}).ok()
         }
         RespOut::Read { res_psn } => {
             let mtu = qp.mtu();
@@ -860,7 +860,7 @@ pub(crate) fn produce(dev: &mut Dev, qp: &mut Qp, _now: Nanos, buf: &mut [u8]) -
                 ext.aeth = Some(AethRepr { syndrome: ACK, msn });
             }
             let n = dev
-                .emit(qp, None, (bth, ext), buf, plen as usize, |mem, d| {
+                .emit(qp, None, &bth, &ext, buf, plen as usize, |mem, d| {
                     if let Some((mr, o)) = src {
                         if let Some(Some(m)) = mem.mrs.get(mr) {
                             d.copy_from_slice(&m.data[o..o + d.len()]);
