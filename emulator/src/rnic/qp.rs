@@ -402,7 +402,7 @@ mod tests {
         let mut next = 0;
         for step in 0..2000u64 {
             match (step * 7919) % 5 {
-                0 | 1 | 2 => {
+                0..=2 => {
                     q.push_back(wqe(next));
                     r.push_back(next);
                     next += 1;
