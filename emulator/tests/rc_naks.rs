@@ -588,6 +588,28 @@ fn remote_operational_error_bad_receive_buffer() {
 }
 
 #[test]
+fn sges_whose_address_wraps_are_protection_errors_not_a_crash() {
+    // An SGE whose address plus length wraps the 64-bit space lies outside every region: a
+    // local protection error (IBTA 10.6.3, 11.4.2.1), never an index past the region's bytes.
+    let mut t = Bed::rc();
+    let mut bad = t.sge(A, 0, 64);
+    bad.addr = u64::MAX - 7;
+    t.post_send(A, wr(1, WrOpcode::Send, vec![bad]));
+    let (wa, _) = t.settle();
+    assert_eq!(st(&wa), vec![(1, WcStatus::LocProtErr)]);
+    assert_eq!(t.state(A), QpState::Err);
+    // The same on a receive: the responder cannot place the data.
+    let mut t = Bed::rc();
+    let mut bad = t.sge(B, 0, 64);
+    bad.addr = u64::MAX - 7;
+    t.post_recv_sges(B, 100, vec![bad]);
+    t.post_send(A, wr(1, WrOpcode::Send, vec![t.sge(A, 0, 8)]));
+    let (wa, wb) = t.settle();
+    assert_eq!(st(&wa), vec![(1, WcStatus::RemOpErr)]);
+    assert_eq!(st(&wb), vec![(100, WcStatus::LocProtErr)]);
+}
+
+#[test]
 fn send_with_invalidate_of_a_foreign_rkey_is_an_invalid_request() {
     // IBTA 10.6.6.2 (o10-...): an R_Key that is not this PD's cannot be invalidated.
     let mut t = Bed::rc();

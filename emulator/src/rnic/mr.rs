@@ -6,6 +6,7 @@
 //! other (ReDMArk's first attack was predictable R_Keys).
 use super::verbs::{Access, PdId, Sge};
 use crate::rng::Rng;
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
@@ -64,6 +65,11 @@ pub(crate) struct MemTable {
     pub mrs: Vec<Option<Mr>>,
     by_lkey: KeyMap<usize>,
     by_rkey: KeyMap<usize>,
+    /// The key looked up last and its region's index: work comes in runs on one region (a
+    /// benchmark's buffer, a message's packets), and a hit skips the hash lookup. Checked against
+    /// the region itself, so a stale entry only misses.
+    last_lkey: Cell<(u32, usize)>,
+    last_rkey: Cell<(u32, usize)>,
     pub pds: Vec<bool>,
 }
 
@@ -128,12 +134,36 @@ impl MemTable {
         Some(mr.info)
     }
 
+    /// The index of the region with L_Key `lkey`.
+    #[inline]
+    fn lkey_index(&self, lkey: u32) -> Option<usize> {
+        let (k, i) = self.last_lkey.get();
+        if k == lkey && matches!(self.mrs.get(i), Some(Some(m)) if m.info.lkey == lkey) {
+            return Some(i);
+        }
+        let &i = self.by_lkey.get(&lkey)?;
+        self.last_lkey.set((lkey, i));
+        Some(i)
+    }
+
+    /// The index of the region with R_Key `rkey` (valid or invalidated).
+    #[inline]
+    fn rkey_index(&self, rkey: u32) -> Option<usize> {
+        let (k, i) = self.last_rkey.get();
+        if k == rkey && matches!(self.mrs.get(i), Some(Some(m)) if m.info.rkey == rkey) {
+            return Some(i);
+        }
+        let &i = self.by_rkey.get(&rkey)?;
+        self.last_rkey.set((rkey, i));
+        Some(i)
+    }
+
     pub fn by_lkey(&self, lkey: u32) -> Option<&Mr> {
-        self.by_lkey.get(&lkey).and_then(|&i| self.mrs[i].as_ref())
+        self.lkey_index(lkey).and_then(|i| self.mrs[i].as_ref())
     }
 
     pub fn by_lkey_mut(&mut self, lkey: u32) -> Option<&mut Mr> {
-        let i = *self.by_lkey.get(&lkey)?;
+        let i = self.lkey_index(lkey)?;
         self.mrs[i].as_mut()
     }
 
@@ -148,7 +178,7 @@ impl MemTable {
         len: u64,
         need: Access,
     ) -> Result<(usize, usize), ()> {
-        let &i = self.by_rkey.get(&rkey).ok_or(())?;
+        let i = self.rkey_index(rkey).ok_or(())?;
         let mr = self.mrs[i].as_ref().ok_or(())?;
         if !mr.rkey_valid || mr.info.pd != pd || !mr.info.access.contains(need) {
             return Err(());
@@ -163,7 +193,7 @@ impl MemTable {
 
     /// Invalidates the R_Key `rkey` of a region in `pd` (IBTA 10.6.6 remote invalidate).
     pub fn invalidate_rkey(&mut self, pd: PdId, rkey: u32) -> bool {
-        let Some(&i) = self.by_rkey.get(&rkey) else {
+        let Some(i) = self.rkey_index(rkey) else {
             return false;
         };
         match self.mrs[i].as_mut() {
@@ -194,8 +224,9 @@ impl MemTable {
                 .addr
                 .checked_sub(mr.info.addr)
                 .ok_or(LocalFault::Protection)?;
-            if start + s.length as u64 > mr.info.length {
-                return Err(LocalFault::Protection);
+            match start.checked_add(s.length as u64) {
+                Some(end) if end <= mr.info.length => {}
+                _ => return Err(LocalFault::Protection),
             }
             total += s.length as u64;
         }
@@ -259,6 +290,29 @@ fn pieces(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn local_checks_refuse_an_sge_that_wraps() {
+        // A region at address 0: an SGE near 2^64 must not wrap past the bounds check.
+        let mut rng = Rng::new(1);
+        let mut t = MemTable::default();
+        let pd = t.alloc_pd();
+        let mr = t.register(&mut rng, pd, 0, 4096, Access::LOCAL_WRITE);
+        let sge = |addr, length| Sge {
+            addr,
+            length,
+            lkey: mr.lkey,
+        };
+        assert_eq!(t.check_sges(pd, &[sge(0, 4096)], true), Ok(4096));
+        assert_eq!(
+            t.check_sges(pd, &[sge(u64::MAX - 7, 64)], false),
+            Err(LocalFault::Protection)
+        );
+        assert_eq!(
+            t.check_sges(pd, &[sge(4095, 2)], false),
+            Err(LocalFault::Protection)
+        );
+    }
 
     #[test]
     fn remote_checks() {
