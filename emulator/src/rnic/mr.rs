@@ -236,6 +236,18 @@ impl MemTable {
     /// Copies `out.len()` bytes starting `offset` bytes into the gather list `sges` (already
     /// checked) into `out`.
     pub fn gather(&self, sges: &[Sge], offset: u64, out: &mut [u8]) {
+        // The usual case: one SGE holds the whole piece.
+        if let [s] = sges {
+            if offset + out.len() as u64 <= s.length as u64 {
+                if let Some(mr) = self.by_lkey(s.lkey) {
+                    let base = (s.addr - mr.info.addr + offset) as usize;
+                    if let Some(src) = mr.data.get(base..base + out.len()) {
+                        out.copy_from_slice(src);
+                    }
+                }
+                return;
+            }
+        }
         for (s, at, range) in pieces(sges, offset, out.len()) {
             let Some(mr) = self.by_lkey(s.lkey) else {
                 return;
