@@ -266,9 +266,9 @@ fn scenarios_run_through_the_json_client_against_an_engine() {
         Box::new(dut_port),
         Box::new(peer_port),
         11,
-        "hdr.icrc,psn.seq-error,psn.dup.read,rdma.write.bad-rkey,rdma.requester,rnr.responder,ud.qkey,verbs.post-send,sec.rkey",
+        "hdr.icrc,psn.seq-error,psn.dup.read,rdma.write.bad-rkey,rdma.requester,rnr.responder,ud.qkey,verbs.post-send,sec.rkey,sec.psn",
     );
-    assert!(n >= 9);
+    assert!(n >= 10);
     assert!(
         failed.is_empty(),
         "through the agent:\n{}",
@@ -306,10 +306,10 @@ fn scenarios_run_over_af_packet_on_a_veth_pair() {
         Box::new(dut_port),
         Box::new(peer_port),
         13,
-        "hdr.tver,hdr.pad.stripped,psn.dup.atomic,seq.send.multi,rdma.read.multi,rdma.requester.ack,rnr.requester.waits,sec.inject.foreign",
+        "hdr.tver,hdr.pad.stripped,psn.dup.atomic,seq.send.multi,rdma.read.multi,rdma.requester.ack,rnr.requester.waits,sec.inject.foreign,sec.psn",
     );
     assert!(
-        n >= 8 && failed.is_empty(),
+        n >= 9 && failed.is_empty(),
         "over AF_PACKET:\n{}",
         failed.join("\n")
     );
