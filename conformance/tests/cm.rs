@@ -169,3 +169,85 @@ fn teardown_says_goodbye_once() {
     // No retransmission of the DREQ, nor of the REP the REJ withdrew.
     assert!(peer.recv_mad(Duration::from_secs(120)).is_none());
 }
+
+#[test]
+fn hostile_cm_mads_do_not_break_it() {
+    // Valid CM messages with random bytes of their message data replaced: REQs for the port
+    // with odd transport types, MTUs, IDs and private data; stray RTUs, DREQs, REPs, REJs, MRAs.
+    let (_dut, mut agent, mut peer) = setup();
+    agent.cm_listen(PORT).unwrap();
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut rnd = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let base = cm_peer::req(&peer, PORT, &offer(1)).unwrap();
+    for i in 0..3000u32 {
+        let mut r = base;
+        r.local_comm_id = CommId(rnd() as u32);
+        let msg = match i % 6 {
+            0 | 1 => CmMessage::Req(r),
+            2 => CmMessage::Rtu(rocemu_wire::cm::RtuRepr {
+                local_comm_id: CommId(rnd() as u32),
+                remote_comm_id: CommId(rnd() as u32),
+                ..Default::default()
+            }),
+            3 => CmMessage::Dreq(rocemu_wire::cm::DreqRepr {
+                local_comm_id: CommId(rnd() as u32),
+                remote_comm_id: CommId(rnd() as u32),
+                ..Default::default()
+            }),
+            4 => CmMessage::Rej(rocemu_wire::cm::RejRepr {
+                remote_comm_id: CommId(rnd() as u32),
+                ..Default::default()
+            }),
+            _ => CmMessage::Rep(rocemu_wire::cm::RepRepr {
+                remote_comm_id: CommId(rnd() as u32),
+                ..Default::default()
+            }),
+        };
+        let mut b = [0u8; MAD_LEN];
+        CmMadRepr::new(Tid(rnd()), msg).emit(&mut b).unwrap();
+        // Keep the header (and so the attribute) most of the time; then any data byte goes.
+        let from = if i % 10 == 0 { 0 } else { 24 };
+        for _ in 0..(rnd() % 12) {
+            let k = from + (rnd() as usize % (MAD_LEN - from));
+            b[k] = rnd() as u8;
+        }
+        peer.send(&peer.craft_mad(&b)).unwrap();
+        // Whatever comes back is drained; a REP is answered with an RTU now and then.
+        while let Some((_, m)) = peer.recv_mad(Duration::ZERO) {
+            if let (CmMessage::Rep(rep), true) = (m.msg, rnd() % 2 == 0) {
+                let rtu = rocemu_wire::cm::RtuRepr {
+                    local_comm_id: rep.remote_comm_id,
+                    remote_comm_id: rep.local_comm_id,
+                    ..Default::default()
+                };
+                let mut t = [0u8; MAD_LEN];
+                CmMadRepr::new(m.mad.tid, CmMessage::Rtu(rtu))
+                    .emit(&mut t)
+                    .unwrap();
+                peer.send(&peer.craft_mad(&t)).unwrap();
+            }
+        }
+        if i % 500 == 0 {
+            let c = agent.cm_connections().unwrap();
+            assert!(c.len() <= rocemu_conformance::agent::cm::MAX_CONNECTIONS);
+        }
+    }
+    eprintln!(
+        "accepted {} connections",
+        agent.cm_connections().unwrap().len()
+    );
+    // Still a CM: a clean connection goes through, and a reset ends everything.
+    let a = cm_peer::connect(&mut peer, PORT, &offer(7), patience()).unwrap();
+    assert!(agent
+        .cm_connections()
+        .unwrap()
+        .iter()
+        .any(|c| c.qpn == a.rep.local_qpn && c.psn == a.rep.starting_psn));
+    agent.reset().unwrap();
+    assert!(agent.cm_connections().unwrap().is_empty());
+}
