@@ -48,9 +48,11 @@ pub const PEER_IP: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 77, 0, 2));
 /// hang the run (the scenario then fails on what did not come).
 const MAX_STEPS: usize = 1_000_000;
 
-/// A RoCEmu RNIC in virtual time.
+/// A RoCEmu RNIC in virtual time, with what the in-process agent created on it (its rdma_cm
+/// service included, which turns with the RNIC).
 pub struct SelfDut {
     pub rnic: Rnic,
+    pub objs: Objects,
     now: Nanos,
     outbox: VecDeque<(Nanos, Vec<u8>)>,
     /// Applied to every frame the peer sends before the RNIC sees it.
@@ -79,6 +81,7 @@ impl SelfDut {
         rnic.set_neighbor(PEER_IP, PEER_MAC);
         SelfDut {
             rnic,
+            objs: Objects::default(),
             now: Nanos::ZERO,
             outbox: VecDeque::new(),
             rx_filter: None,
@@ -91,19 +94,55 @@ impl SelfDut {
         self.now
     }
 
-    /// Moves everything the RNIC wants to send now into the outbox.
+    /// Turns the agent's CM service and moves everything the RNIC wants to send now into the
+    /// outbox, until neither has more.
     pub fn pump(&mut self) {
-        for _ in 0..MAX_STEPS {
-            let Some(n) = self.rnic.poll_transmit(self.now, &mut self.buf) else {
+        let mut steps = 0;
+        loop {
+            // The peer is the only neighbour the RNIC knows.
+            let now = self.now;
+            self.objs.turn_cm(&mut self.rnic, now, &mut |_, ip| {
+                if ip == PEER_IP {
+                    Ok(())
+                } else {
+                    Err(format!("no neighbour {ip}"))
+                }
+            });
+            let mut sent = 0;
+            while let Some(n) = self.rnic.poll_transmit(self.now, &mut self.buf) {
+                let f = self.buf[..n].to_vec();
+                let out = match self.tx_filter.as_mut() {
+                    Some(filter) => filter(f),
+                    None => vec![f],
+                };
+                self.outbox.extend(out.into_iter().map(|f| (self.now, f)));
+                sent += 1;
+                steps += 1;
+                if steps >= MAX_STEPS {
+                    return;
+                }
+            }
+            // Sends completed free QP1's send slots: the CM may have more to post.
+            if sent == 0 {
                 return;
-            };
-            let f = self.buf[..n].to_vec();
-            let out = match self.tx_filter.as_mut() {
-                Some(filter) => filter(f),
-                None => vec![f],
-            };
-            self.outbox.extend(out.into_iter().map(|f| (self.now, f)));
+            }
         }
+    }
+
+    /// The next instant the RNIC or the agent's CM has something to do.
+    pub fn poll_timeout(&mut self) -> Option<Nanos> {
+        match (self.rnic.poll_timeout(), self.objs.cm_timeout()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Moves the clock to `t` (never back) and runs what is due then.
+    fn fire(&mut self, t: Nanos) {
+        self.now = self.now.max(t);
+        let now = self.now;
+        self.rnic.handle_timeout(now);
+        self.pump();
     }
 
     /// A frame from the peer, now.
@@ -126,11 +165,8 @@ impl SelfDut {
             if until_output && !self.outbox.is_empty() {
                 return true;
             }
-            match self.rnic.poll_timeout() {
-                Some(t) if t <= deadline => {
-                    self.now = self.now.max(t);
-                    self.rnic.handle_timeout(self.now);
-                }
+            match self.poll_timeout() {
+                Some(t) if t <= deadline => self.fire(t),
                 _ => {
                     self.now = self.now.max(deadline);
                     self.pump();
@@ -154,10 +190,7 @@ pub type SharedDut = Rc<RefCell<SelfDut>>;
 /// Two hands on one [`SelfDut`].
 pub fn self_target(seed: u64) -> (SharedDut, SelfAgent, SelfLink) {
     let dut = Rc::new(RefCell::new(SelfDut::new(seed)));
-    let agent = SelfAgent {
-        dut: dut.clone(),
-        objs: Objects::default(),
-    };
+    let agent = SelfAgent { dut: dut.clone() };
     let link = SelfLink { dut: dut.clone() };
     (dut, agent, link)
 }
@@ -166,12 +199,12 @@ pub fn self_target(seed: u64) -> (SharedDut, SelfAgent, SelfLink) {
 #[derive(Debug)]
 pub struct SelfAgent {
     dut: SharedDut,
-    objs: Objects,
 }
 
 impl Agent for SelfAgent {
     fn call(&mut self, req: Request) -> AgentResult<Reply> {
-        let mut d = self.dut.borrow_mut();
+        let mut guard = self.dut.borrow_mut();
+        let d = &mut *guard;
         let Request::PollCq {
             cq,
             max,
@@ -179,7 +212,7 @@ impl Agent for SelfAgent {
             wait_ms,
         } = req
         else {
-            let r = execute(&mut d.rnic, &mut self.objs, req);
+            let r = execute(&mut d.rnic, &mut d.objs, req);
             d.pump();
             return r;
         };
@@ -193,20 +226,15 @@ impl Agent for SelfAgent {
                 min: 0,
                 wait_ms: 0,
             };
-            if let Reply::Wcs(w) = execute(&mut d.rnic, &mut self.objs, poll)? {
+            if let Reply::Wcs(w) = execute(&mut d.rnic, &mut d.objs, poll)? {
                 got.extend(w);
             }
             if got.len() as u32 >= min.min(max) || d.now >= deadline {
                 break;
             }
             // Completions appear only when a timer fires (the peer is not sending meanwhile).
-            match d.rnic.poll_timeout() {
-                Some(t) if t <= deadline => {
-                    d.now = d.now.max(t);
-                    let now = d.now;
-                    d.rnic.handle_timeout(now);
-                    d.pump();
-                }
+            match d.poll_timeout() {
+                Some(t) if t <= deadline => d.fire(t),
                 _ => {
                     d.now = deadline;
                     d.pump();

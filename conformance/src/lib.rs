@@ -18,6 +18,7 @@
 #![forbid(unsafe_code)]
 
 pub mod agent;
+pub mod cm_peer;
 pub mod dut;
 pub mod peer;
 pub mod runner;

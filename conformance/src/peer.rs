@@ -5,13 +5,20 @@
 //! sequence) — puts them on the [`Link`], and receives what the device sends back, parsed into
 //! owned [`Pkt`]s that scenarios judge field by field. Every frame, both ways, is kept with its
 //! timestamp for the pcap a failing scenario leaves behind.
+//!
+//! Management datagrams (UD to QP1: the IB CM's) are a separate stream: [`Peer::recv`] and what
+//! is built on it skip them, [`Peer::recv_mad`] returns them. A device's CM may still be
+//! retransmitting to an earlier scenario's peer; that must not count as an answer to a data
+//! packet.
 use crate::dut::Link;
 use rocemu_wire::capture::CaptureWriter;
+use rocemu_wire::cm::CmMadRepr;
 use rocemu_wire::eth::{EthernetRepr, Mac};
 use rocemu_wire::frame::{pad_for, IpRepr};
 use rocemu_wire::headers::{
     AethRepr, AtomicAckEthRepr, AtomicEthRepr, DethRepr, ExtHeaders, RethRepr,
 };
+use rocemu_wire::mad::MAD_LEN;
 use rocemu_wire::{parse_frame, BthRepr, FrameRepr, Opcode, PKey, Psn, QKey, Qpn, RKey, Syndrome};
 use rocemu_wire::{Msn, SyndromeKind, ROCEV2_UDP_PORT};
 use std::fmt;
@@ -21,6 +28,8 @@ use std::time::Duration;
 
 /// The UDP source port of the peer's frames (any port fixed per flow will do: Annex A17.5.1.1).
 const PEER_SPORT: u16 = 0xc0de;
+/// The GSI Q_Key, in the DETH of every MAD to or from QP1 (IBTA 13.5.1).
+pub const GSI_QKEY: QKey = QKey(0x8001_0000);
 
 /// A frame to send, as values; [`Craft::build`] turns it into bytes.
 #[derive(Debug, Clone)]
@@ -267,6 +276,14 @@ impl Peer {
         }
     }
 
+    /// A management datagram for the device's QP1, from the peer's QP1 (a UD SEND_ONLY with the
+    /// GSI Q_Key, IBTA 13.5.3.3).
+    pub fn craft_mad(&self, mad: &[u8; MAD_LEN]) -> Craft {
+        self.craft(Opcode::UD_SEND_ONLY, Qpn::GSI, Psn::new(0))
+            .deth(GSI_QKEY, Qpn::GSI)
+            .payload(mad)
+    }
+
     /// Sends a crafted frame.
     pub fn send(&mut self, c: &Craft) -> Result<(), String> {
         let f = c.build()?;
@@ -280,16 +297,40 @@ impl Peer {
         self.link.send(frame);
     }
 
-    /// The next RoCEv2 frame the device sends within `wait`. Frames that are not RoCEv2, or not
-    /// for the peer, are recorded and skipped.
+    /// The next RoCEv2 frame the device sends within `wait`, management datagrams aside. Frames
+    /// that are not RoCEv2, not for the peer, or for QP1 are recorded and skipped.
     pub fn recv(&mut self, wait: Duration) -> Option<Pkt> {
+        self.recv_where(wait, |p| p.bth.dqpn != Qpn::GSI)
+    }
+
+    /// The next CM MAD the device's QP1 sends the peer's within `wait` (a UD SEND_ONLY to QP1
+    /// whose payload parses as a CM message), with the frame it came in. Every other frame is
+    /// recorded and skipped.
+    pub fn recv_mad(&mut self, wait: Duration) -> Option<(Pkt, CmMadRepr)> {
+        let deadline = self.link.now() + wait;
+        loop {
+            let left = deadline.saturating_sub(self.link.now());
+            let p = self.recv_where(left, |p| {
+                p.bth.dqpn == Qpn::GSI && p.bth.opcode == Opcode::UD_SEND_ONLY
+            })?;
+            if let Ok(m) = CmMadRepr::parse(&p.payload) {
+                return Some((p, m));
+            }
+        }
+    }
+
+    fn recv_where(
+        &mut self,
+        wait: Duration,
+        wanted: impl Fn(&rocemu_wire::frame::ParsedFrame<'_>) -> bool,
+    ) -> Option<Pkt> {
         let deadline = self.link.now() + wait;
         loop {
             let left = deadline.saturating_sub(self.link.now());
             let (at, f) = self.link.recv(left)?;
             self.capture.push((at, f.clone(), false));
             let Ok(p) = parse_frame(&f) else { continue };
-            if p.ip.dst() != self.ip {
+            if p.ip.dst() != self.ip || !wanted(&p) {
                 continue;
             }
             return Some(Pkt {

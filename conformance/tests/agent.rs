@@ -62,6 +62,8 @@ fn hand_written_lines_get_one_response_each() {
     );
     let v = ask(&mut w, &mut r, r#"{"id":4,"op":"hello","version":99}"#);
     assert_eq!(v["ok"], false, "{v}");
+    let v = ask(&mut w, &mut r, r#"{"id":4,"op":"hello","version":2}"#);
+    assert_eq!(v["version"], 2, "{v}");
     let v = ask(&mut w, &mut r, r#"{"id":5,"op":"query_device"}"#);
     assert_eq!(v["gids"][0], "10.77.0.1", "{v}");
     assert_eq!(v["active_mtu"], 4096, "{v}");
@@ -138,6 +140,25 @@ fn hand_written_lines_get_one_response_each() {
         &json!({"id":20,"op":"poll_cq","cq":cq,"wait_ms":20}).to_string(),
     );
     assert_eq!(v["wcs"], json!([]), "{v}");
+    // rdma_cm (version 2): nothing to stop or disconnect before a listen; bad ports refused.
+    let v = ask(&mut w, &mut r, r#"{"id":30,"op":"cm_connections"}"#);
+    assert_eq!(v["connections"], json!([]), "{v}");
+    let v = ask(&mut w, &mut r, r#"{"id":31,"op":"cm_stop","port":7471}"#);
+    assert_eq!(v["ok"], false, "{v}");
+    let v = ask(&mut w, &mut r, r#"{"id":32,"op":"cm_disconnect","qpn":5}"#);
+    assert_eq!(v["ok"], false, "{v}");
+    let v = ask(&mut w, &mut r, r#"{"id":33,"op":"cm_listen","port":0}"#);
+    assert_eq!(v["ok"], false, "{v}");
+    let v = ask(&mut w, &mut r, r#"{"id":34,"op":"cm_listen","port":7471}"#);
+    assert_eq!(v["ok"], true, "{v}");
+    let v = ask(&mut w, &mut r, r#"{"id":35,"op":"cm_listen","port":7471}"#);
+    assert!(v["error"].as_str().unwrap_or("").contains("already"), "{v}");
+    let v = ask(&mut w, &mut r, r#"{"id":36,"op":"cm_disconnect","qpn":5}"#);
+    assert_eq!(v["ok"], false, "no such connection: {v}");
+    let v = ask(&mut w, &mut r, r#"{"id":37,"op":"cm_stop","port":7471}"#);
+    assert_eq!(v["ok"], true, "{v}");
+    let v = ask(&mut w, &mut r, r#"{"id":38,"op":"cm_listen","port":7471}"#);
+    assert_eq!(v["ok"], true, "listening again after a stop: {v}");
     let v = ask(&mut w, &mut r, r#"{"id":"last","op":"reset"}"#);
     assert_eq!(
         (v["id"].as_str(), v["ok"].as_bool()),
@@ -152,6 +173,42 @@ fn hand_written_lines_get_one_response_each() {
     assert_eq!(v["ok"], false, "the QP is gone after reset: {v}");
     drop((w, r));
     server.join().unwrap();
+    let _ = std::fs::remove_file(&path);
+}
+
+/// A client asks for protocol version 2 and, refused by an agent that only speaks 1, settles
+/// on 1: the verbs work, the rdma_cm operations fail on the client's side, saying why.
+#[test]
+fn the_client_falls_back_to_version_1() {
+    use rocemu_conformance::agent::client::JsonClient;
+    use rocemu_conformance::agent::Agent;
+    let path = socket_path("v1");
+    let _ = std::fs::remove_file(&path);
+    let l = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    let old_agent = std::thread::spawn(move || {
+        let (s, _) = l.accept().unwrap();
+        let mut w = s.try_clone().unwrap();
+        for line in BufReader::new(s).lines() {
+            let v: Value = serde_json::from_str(&line.unwrap()).unwrap();
+            let id = v["id"].clone();
+            let answer = match (v["op"].as_str(), v["version"].as_u64()) {
+                (Some("hello"), Some(1)) => json!({"id":id,"ok":true,"version":1,"agent":"old"}),
+                (Some("hello"), _) => {
+                    json!({"id":id,"ok":false,"error":"protocol version 2 not served"})
+                }
+                (Some("alloc_pd"), _) => json!({"id":id,"ok":true,"pd":1}),
+                _ => json!({"id":id,"ok":false,"error":"unknown op"}),
+            };
+            writeln!(w, "{answer}").unwrap();
+        }
+    });
+    let mut c = JsonClient::connect(&format!("unix:{path}")).unwrap();
+    assert_eq!(c.version(), 1);
+    assert_eq!(c.alloc_pd(), Ok(1));
+    let e = c.cm_listen(7471).unwrap_err().0;
+    assert!(e.contains("needs version 2"), "{e}");
+    drop(c);
+    old_agent.join().unwrap();
     let _ = std::fs::remove_file(&path);
 }
 
@@ -209,9 +266,9 @@ fn scenarios_run_through_the_json_client_against_an_engine() {
         Box::new(dut_port),
         Box::new(peer_port),
         11,
-        "hdr.icrc,psn.seq-error,psn.dup.read,rdma.write.bad-rkey,rdma.requester,rnr.responder,ud.qkey,verbs.post-send,sec.rkey",
+        "hdr.icrc,psn.seq-error,psn.dup.read,rdma.write.bad-rkey,rdma.requester,rnr.responder,ud.qkey,verbs.post-send,sec.rkey,sec.psn",
     );
-    assert!(n >= 9);
+    assert!(n >= 10);
     assert!(
         failed.is_empty(),
         "through the agent:\n{}",
@@ -249,10 +306,10 @@ fn scenarios_run_over_af_packet_on_a_veth_pair() {
         Box::new(dut_port),
         Box::new(peer_port),
         13,
-        "hdr.tver,hdr.pad.stripped,psn.dup.atomic,seq.send.multi,rdma.read.multi,rdma.requester.ack,rnr.requester.waits,sec.inject.foreign",
+        "hdr.tver,hdr.pad.stripped,psn.dup.atomic,seq.send.multi,rdma.read.multi,rdma.requester.ack,rnr.requester.waits,sec.inject.foreign,sec.psn",
     );
     assert!(
-        n >= 8 && failed.is_empty(),
+        n >= 9 && failed.is_empty(),
         "over AF_PACKET:\n{}",
         failed.join("\n")
     );

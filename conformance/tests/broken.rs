@@ -672,6 +672,51 @@ fn predictability_scenarios_fail_on_sequential_values() {
     );
 }
 
+/// A device whose CM takes its starting PSNs from `f` (given the one it drew) instead of its
+/// generator.
+fn cm_psns(
+    f: impl FnMut(Psn) -> Psn + 'static,
+) -> impl FnOnce(&SharedDut, SelfAgent) -> Box<dyn Agent> {
+    move |dut: &SharedDut, agent| {
+        dut.borrow_mut().objs.cm_psn_filter = Some(Box::new(f));
+        Box::new(agent) as Box<dyn Agent>
+    }
+}
+
+#[test]
+fn psn_predictability_fails_on_sequential_or_constant_starting_psns() {
+    // Counting up from a random start, as a CM with a per-boot offset and a counter would.
+    let mut first: Option<Psn> = None;
+    let mut k = 0;
+    let why = fails(
+        "sec.psn.unpredictable",
+        cm_psns(move |drawn| {
+            k += 1;
+            first.get_or_insert(drawn).add(k)
+        }),
+    );
+    assert!(why.contains("guessed"), "{why}");
+    let why = fails("sec.psn.unpredictable", cm_psns(|_| Psn::new(0x5a5a5a)));
+    assert!(why.contains("repeat"), "{why}");
+    // A REP that announces one PSN while the QP expects another: the agent's listing betrays it.
+    let why = fails(
+        "sec.psn.unpredictable",
+        tx(|r, p| {
+            use rocemu_wire::cm::{CmMadRepr, CmMessage};
+            if r.bth.dqpn != Qpn::GSI {
+                return;
+            }
+            if let Ok(mut m) = CmMadRepr::parse(p) {
+                if let CmMessage::Rep(rep) = &mut m.msg {
+                    rep.starting_psn = rep.starting_psn.next();
+                    let _ = m.emit(p);
+                }
+            }
+        }),
+    );
+    assert!(why.contains("rq_psn"), "{why}");
+}
+
 #[test]
 fn injection_scenarios_fail_when_injections_land() {
     fails("sec.inject.future-psn-not-applied", psn_blind());

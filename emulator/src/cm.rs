@@ -16,7 +16,8 @@
 //! * Time comes in as `now`; randomness (communication IDs, transaction IDs) from the seed.
 //!
 //! Not yet: MRA, LAP/APR (alternate paths), SIDR, and the time-wait state's stale-connection
-//! checks. This module is not wired to a datapath or the CLI yet.
+//! checks. `rocemu-testbed`'s `rdmacm` wires it to an engine for `rocemu rping`, `perf -R` and
+//! `pingpong --rdma-cm`; the conformance agent (`rocemu-conformance`, `agent::cm`) to its RNIC.
 use crate::rng::Rng;
 use crate::time::Nanos;
 use rocemu_wire::cm::{
@@ -171,6 +172,12 @@ impl CmAgent {
         }
     }
 
+    /// Stops accepting REQs for `service`: later ones are rejected (reason 8). Connections
+    /// already made are not touched.
+    pub fn unlisten(&mut self, service: ServiceId) {
+        self.listens.retain(|s| *s != service);
+    }
+
     pub fn state(&self, id: CommId) -> Option<CmState> {
         self.conns.get(&id.0).map(|c| c.state)
     }
@@ -286,13 +293,18 @@ impl CmAgent {
         Ok(())
     }
 
-    /// Passive side: refuses a [`CmEvent::ConnectRequest`].
+    /// Passive side: refuses a [`CmEvent::ConnectRequest`] (or, REP sent, the connection it
+    /// was to become).
     pub fn reject(&mut self, id: CommId, reason: RejReason) {
         if let Some(c) = self.conns.get_mut(&id.0) {
             let rej = RejRepr {
                 local_comm_id: id,
                 remote_comm_id: c.remote_comm_id,
-                message_rejected: MsgKind::Req,
+                message_rejected: if c.state == CmState::RepSent {
+                    MsgKind::Rep
+                } else {
+                    MsgKind::Req
+                },
                 reason,
                 ..RejRepr::default()
             };
@@ -327,6 +339,34 @@ impl CmAgent {
         c.deadline = Some(deadline);
         self.out.push_back((c.peer, mad));
         Ok(())
+    }
+
+    /// Ends a connection for good, as Linux's `ib_destroy_cm_id` does: a DREQ when it is
+    /// established, a REJ (consumer defined) while the REQ or our REP awaits an answer, nothing
+    /// once it is closing or closed; then forgets it, so that nothing is sent again and no event
+    /// or timer is left. A later MAD naming it is treated as one for an unknown connection (a
+    /// DREQ still gets its DREP).
+    pub fn close(&mut self, id: CommId) {
+        match self.state(id) {
+            Some(CmState::Established) => {
+                if let Some(c) = self.conns.get(&id.0) {
+                    let dreq = DreqRepr {
+                        local_comm_id: id,
+                        remote_comm_id: c.remote_comm_id,
+                        remote_qpn: c.remote_qpn,
+                        ..DreqRepr::default()
+                    };
+                    let mad = CmMadRepr::new(Tid(self.rng.next_u64()), CmMessage::Dreq(dreq));
+                    self.out.push_back((c.peer, mad));
+                }
+            }
+            Some(CmState::ReqRcvd | CmState::RepSent) => {
+                self.reject(id, RejReason::CONSUMER_DEFINED)
+            }
+            _ => {}
+        }
+        self.conns.remove(&id.0);
+        self.events.retain(|e| event_id(e) != id);
     }
 
     /// A MAD that arrived on QP1 from `from`.
@@ -548,6 +588,16 @@ impl CmAgent {
     }
 }
 
+fn event_id(e: &CmEvent) -> CommId {
+    match e {
+        CmEvent::ConnectRequest { id, .. }
+        | CmEvent::Established { id, .. }
+        | CmEvent::Rejected { id, .. }
+        | CmEvent::Disconnected { id }
+        | CmEvent::Timeout { id } => *id,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -666,6 +716,54 @@ mod tests {
     }
 
     #[test]
+    fn close_says_goodbye_once_and_forgets() {
+        let (mut a, mut b, sid) = two();
+        let t = Nanos(0);
+        // Established: one DREQ, then nothing is left to retransmit.
+        let ida = a.connect(t, b.local_ip, sid, &params(0x11, 100));
+        pump(&mut a, &mut b, t, false);
+        let Some(CmEvent::ConnectRequest { id: idb, .. }) = b.poll_event() else {
+            panic!("no REQ reported");
+        };
+        b.accept(t, idb, &params(0x22, 200)).unwrap();
+        pump(&mut a, &mut b, t, false);
+        assert!(matches!(b.poll_event(), Some(CmEvent::Established { .. })));
+        b.close(idb);
+        assert_eq!(b.state(idb), None);
+        assert_eq!(b.poll_timeout(), None);
+        let (_, dreq) = b.poll_transmit().expect("a DREQ");
+        assert!(matches!(
+            CmMadRepr::parse(&dreq).unwrap().msg,
+            CmMessage::Dreq(r) if r.remote_comm_id == ida && r.remote_qpn == Qpn::new(0x11)
+        ));
+        assert!(b.poll_transmit().is_none());
+        // A answers the DREQ and is disconnected; B, having forgotten, drops the DREP quietly.
+        a.handle_mad(t, b.local_ip, &dreq);
+        assert!(std::iter::from_fn(|| a.poll_event())
+            .any(|e| matches!(e, CmEvent::Disconnected { id } if id == ida)));
+        pump(&mut a, &mut b, t, false);
+        assert_eq!(b.poll_event(), None);
+        // REP sent, no RTU yet: a REJ that names the REP.
+        let (mut a, mut b, sid) = two();
+        let ida = a.connect(t, b.local_ip, sid, &params(0x11, 100));
+        pump(&mut a, &mut b, t, false);
+        let Some(CmEvent::ConnectRequest { id: idb, .. }) = b.poll_event() else {
+            panic!("no REQ reported");
+        };
+        b.accept(t, idb, &params(0x22, 200)).unwrap();
+        let (_, _rep) = b.poll_transmit().expect("a REP");
+        b.close(idb);
+        assert_eq!(b.poll_timeout(), None);
+        let (_, rej) = b.poll_transmit().expect("a REJ");
+        assert!(matches!(
+            CmMadRepr::parse(&rej).unwrap().msg,
+            CmMessage::Rej(r) if r.remote_comm_id == ida
+                && r.message_rejected == MsgKind::Rep
+                && r.reason == RejReason::CONSUMER_DEFINED
+        ));
+    }
+
+    #[test]
     fn unknown_service_is_rejected_with_reason_8() {
         let (mut a, mut b, _) = two();
         let id = a.connect(
@@ -675,6 +773,22 @@ mod tests {
             &params(1, 1),
         );
         pump(&mut a, &mut b, Nanos(0), false);
+        assert_eq!(
+            a.poll_event(),
+            Some(CmEvent::Rejected {
+                id,
+                reason: RejReason::INVALID_SERVICE_ID
+            })
+        );
+    }
+
+    #[test]
+    fn after_unlisten_reqs_are_rejected() {
+        let (mut a, mut b, sid) = two();
+        b.unlisten(sid);
+        let id = a.connect(Nanos(0), b.local_ip, sid, &params(1, 1));
+        pump(&mut a, &mut b, Nanos(0), false);
+        assert_eq!(b.poll_event(), None);
         assert_eq!(
             a.poll_event(),
             Some(CmEvent::Rejected {

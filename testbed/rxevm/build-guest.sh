@@ -3,8 +3,8 @@
 # of busybox-static, rdma-core (libibverbs1, ibverbs-providers, ibverbs-utils, librdmacm1,
 # rdmacm-utils, libibumad3), perftest, iproute2 (`rdma`), tcpdump and the libraries they need, with
 # `init` (beside this script) as PID 1, and imm_pingpong and ibv_agent (imm_pingpong.c and
-# ibv_agent.c beside this script, compiled on the host with gcc against libibverbs-dev: Debian 12's
-# rdma-core, as in the guest).
+# ibv_agent.c beside this script, compiled on the host with gcc against libibverbs-dev, and
+# ibv_agent also against librdmacm-dev: Debian 12's rdma-core, as in the guest).
 # Packages are fetched with `apt-get download` and unpacked with `dpkg-deb -x`: nothing is
 # installed on the host for the guest.
 #
@@ -13,9 +13,9 @@
 #         `init`, imm_pingpong.c and ibv_agent.c: a guest is built once per recipe. Downloaded .debs are kept in WORKDIR/debs.
 #         The last line on stdout is `GUEST=WORKDIR/guest-KEY`.
 # Host tools it needs: apt-get, dpkg-deb, cpio, gzip, kmod (depmod, modprobe), flock, sha256sum,
-# gcc and libibverbs-dev; and for the VMs, qemu-system-x86 and iproute2. Missing ones among dpkg,
-# cpio, kmod, gcc, libibverbs-dev, qemu-system-x86 and iproute2 are installed with apt-get when
-# running as root, unless RXEVM_NO_HOST_APT=1.
+# gcc, libibverbs-dev and librdmacm-dev; and for the VMs, qemu-system-x86 and iproute2. Missing
+# ones among dpkg, cpio, kmod, gcc, libibverbs-dev, librdmacm-dev, qemu-system-x86 and iproute2 are
+# installed with apt-get when running as root, unless RXEVM_NO_HOST_APT=1.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 W=${1:-${RXEVM_DIR:-${TMPDIR:-/tmp}/rocemu-rxevm}}
@@ -41,8 +41,9 @@ for t in dpkg-deb:dpkg cpio:cpio gzip:gzip depmod:kmod modprobe:kmod chroot:core
          gcc:gcc qemu-system-x86_64:qemu-system-x86 ip:iproute2; do
   command -v "${t%%:*}" >/dev/null || need+=("${t#*:}")
 done
-# imm_pingpong is compiled against the host's rdma-core headers.
+# imm_pingpong and ibv_agent are compiled against the host's rdma-core headers.
 [ -f /usr/include/infiniband/verbs.h ] || need+=(libibverbs-dev)
+[ -f /usr/include/rdma/rdma_cma.h ] || need+=(librdmacm-dev)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && [ "${RXEVM_NO_HOST_APT:-0}" != 1 ]; then
     echo "build-guest: installing host tools: ${need[*]}" >&2
@@ -128,8 +129,9 @@ install -m 0755 "$HERE/init" "$R/init"
 # libibverbs are the guest's (Debian 12), so the host's gcc builds for the guest.
 gcc -std=gnu11 -O2 -Wall -Wextra -Werror -o "$R/usr/local/bin/imm_pingpong" "$HERE/imm_pingpong.c" -libverbs \
   || { echo "build-guest: compiling imm_pingpong.c failed" >&2; exit 1; }
-# The conformance suite's agent over libibverbs (docs/agent-protocol.md; scripts/conformance-rxe).
-gcc -std=gnu11 -O2 -Wall -Wextra -Werror -o "$R/usr/local/bin/ibv_agent" "$HERE/ibv_agent.c" -libverbs \
+# The conformance suite's agent over libibverbs and librdmacm (docs/agent-protocol.md;
+# scripts/conformance-rxe). librdmacm1 is in the guest's package set for rping and perftest -R.
+gcc -std=gnu11 -O2 -Wall -Wextra -Werror -o "$R/usr/local/bin/ibv_agent" "$HERE/ibv_agent.c" -libverbs -lrdmacm \
   || { echo "build-guest: compiling ibv_agent.c failed" >&2; exit 1; }
 echo 'root:x:0:0:root:/root:/bin/sh' > "$R/etc/passwd"
 echo 'root:x:0:' > "$R/etc/group"

@@ -1,10 +1,10 @@
 /*
- * ibv_agent: the conformance suite's control agent over libibverbs. It serves the JSON-lines
- * protocol of docs/agent-protocol.md (version 1) for one RDMA device, so that `rocemu
- * conformance --target agent:tcp:HOST:PORT` judges rdma_rxe, or a real RNIC, the way it judges
- * RoCEmu through `rocemu agent`. The rxe guest ships it (testbed/rxevm/build-guest.sh compiles
- * it); scripts/conformance-rxe runs the suite through it. Written for RoCEmu from the verbs API
- * and the protocol document; no rdma-core code.
+ * ibv_agent: the conformance suite's control agent over libibverbs and librdmacm. It serves the
+ * JSON-lines protocol of docs/agent-protocol.md (versions 1 and 2) for one RDMA device, so that
+ * `rocemu conformance --target agent:tcp:HOST:PORT` judges rdma_rxe, or a real RNIC, the way it
+ * judges RoCEmu through `rocemu agent`. The rxe guest ships it (testbed/rxevm/build-guest.sh
+ * compiles it); scripts/conformance-rxe runs the suite through it. Written for RoCEmu from the
+ * verbs and rdma_cm APIs and the protocol document; no rdma-core code.
  *
  * Usage: ibv_agent [-d DEV] [-p PORT] [-i IB_PORT]
  *   -d DEV       device (the first one)
@@ -19,15 +19,24 @@
  *
  * Where ibverbs and RoCEmu's agent differ, this agent does what ibverbs does: it passes every
  * request to the device as given and reports the device's refusal (errno) as the error.
+ *
+ * rdma_cm (version 2): `cm_listen` listens on an rdma_cm port (RDMA_PS_TCP) of every address,
+ * and every connection request that reaches this device is accepted with an RC QP made for it
+ * (rdma_create_qp, rdma_accept: librdmacm moves it to RTR and RTS, the kernel's CM chooses the
+ * starting PSN). The event channel is served whenever the agent waits: for the client's next
+ * line, and inside poll_cq's wait.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <endian.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <infiniband/verbs.h>
 #include <inttypes.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
+#include <rdma/rdma_cma.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -38,7 +47,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#define PROTOCOL_VERSION 1
+#define PROTOCOL_VERSION 2
+#define MIN_PROTOCOL_VERSION 1
+#define MAX_CM_CONNS 1024
 #define MAX_LINE (1u << 20)
 #define MAX_DEPTH 16
 #define MAX_SGE 64
@@ -695,9 +706,12 @@ static void mr_free(struct mro *m)
 	free(m);
 }
 
+static void cm_reset(void);
+
 /* Destroys everything the session created, dependants first. */
 static void reset_all(void)
 {
+	cm_reset();
 	while (qps.n) {
 		qp_free(qps.p[qps.n - 1]);
 		qps.n--;
@@ -904,6 +918,230 @@ static int range_of(struct mro *m, uint64_t off, uint64_t len)
 	return 0;
 }
 
+/* ---- rdma_cm ------------------------------------------------------------------------------ */
+
+enum cm_state { CM_CONNECTING, CM_ESTABLISHED, CM_DISCONNECTED, CM_REJECTED, CM_ERROR };
+static const char *const cm_state_names[] = {"connecting", "established", "disconnected",
+					      "rejected", "error"};
+
+struct cm_listener { uint16_t port; struct rdma_cm_id *id; };
+struct cm_conn {
+	struct rdma_cm_id *id; /* its QP (id->qp) and CQs are librdmacm's, on the default PD */
+	uint16_t port;
+	uint32_t qpn, psn, sq_psn, remote_qpn;
+	char peer[INET6_ADDRSTRLEN];
+	enum cm_state state;
+};
+
+static struct rdma_event_channel *cm_ch;
+static struct vec cm_listeners, cm_conns;
+
+/* The event channel, made on first use; non-blocking, so that serving it never waits. */
+static int cm_channel(void)
+{
+	if (cm_ch)
+		return 0;
+	cm_ch = rdma_create_event_channel();
+	if (!cm_ch)
+		return verbs_err("rdma_create_event_channel", errno);
+	int fl = fcntl(cm_ch->fd, F_GETFL);
+	if (fl < 0 || fcntl(cm_ch->fd, F_SETFL, fl | O_NONBLOCK) < 0) {
+		int e = errno;
+		rdma_destroy_event_channel(cm_ch);
+		cm_ch = NULL;
+		return verbs_err("fcntl on the rdma_cm event channel", e);
+	}
+	return 0;
+}
+
+static long find_cm_conn_id(const struct rdma_cm_id *id)
+{
+	for (size_t i = 0; i < cm_conns.n; i++)
+		if (((struct cm_conn *)cm_conns.p[i])->id == id)
+			return (long)i;
+	return -1;
+}
+
+/* rdma_destroy_id on a connection the kernel's CM still holds sends what ib_destroy_cm_id
+ * sends: a DREQ when it is established, a REJ while the REP awaits its RTU. */
+static void cm_conn_free(struct cm_conn *c)
+{
+	if (c->id->qp)
+		rdma_destroy_qp(c->id);
+	if (rdma_destroy_id(c->id))
+		fprintf(stderr, "ibv_agent: rdma_destroy_id: %s\n", strerror(errno));
+	free(c);
+}
+
+static void cm_close_port(uint16_t port)
+{
+	for (size_t i = 0; i < cm_conns.n;) {
+		struct cm_conn *c = cm_conns.p[i];
+		if (c->port == port) {
+			cm_conn_free(c);
+			/* vec_del moves the last entry here: look at this index again. */
+			vec_del(&cm_conns, i);
+		} else {
+			i++;
+		}
+	}
+}
+
+static void cm_reset(void)
+{
+	while (cm_conns.n)
+		cm_conn_free(cm_conns.p[--cm_conns.n]);
+	while (cm_listeners.n) {
+		struct cm_listener *l = cm_listeners.p[--cm_listeners.n];
+		rdma_destroy_id(l->id);
+		free(l);
+	}
+	if (cm_ch) {
+		rdma_destroy_event_channel(cm_ch);
+		cm_ch = NULL;
+	}
+}
+
+static void addr_text(const struct sockaddr *sa, char *out, size_t n)
+{
+	snprintf(out, n, "?");
+	if (!sa)
+		return;
+	if (sa->sa_family == AF_INET)
+		inet_ntop(AF_INET, &((const struct sockaddr_in *)sa)->sin_addr, out, (socklen_t)n);
+	else if (sa->sa_family == AF_INET6)
+		inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)sa)->sin6_addr, out, (socklen_t)n);
+}
+
+/* A connection request on listener `port`: an RC QP for it, then rdma_accept. 0 when accepted;
+ * otherwise it was rejected and the caller destroys the id once the event is acknowledged. */
+static int cm_accept(struct rdma_cm_id *id, uint16_t port, const struct rdma_conn_param *req)
+{
+	struct ibv_qp_init_attr qa;
+	struct rdma_conn_param cp;
+	struct ibv_qp_attr a;
+	struct ibv_qp_init_attr ia;
+	struct cm_conn *c = NULL;
+	/* The listener hears every device; this agent speaks for one. */
+	if (!id->verbs || strcmp(ibv_get_device_name(id->verbs->device), dev_name) ||
+	    id->port_num != ib_port || cm_conns.n >= MAX_CM_CONNS)
+		goto reject;
+	memset(&qa, 0, sizeof(qa));
+	qa.qp_type = IBV_QPT_RC;
+	qa.cap.max_send_wr = 4;
+	qa.cap.max_recv_wr = 4;
+	qa.cap.max_send_sge = 1;
+	qa.cap.max_recv_sge = 1;
+	/* The default PD of the device, and CQs librdmacm makes (and frees with the QP). */
+	if (rdma_create_qp(id, NULL, &qa)) {
+		fprintf(stderr, "ibv_agent: rdma_create_qp: %s\n", strerror(errno));
+		goto reject;
+	}
+	memset(&cp, 0, sizeof(cp));
+	/* The connections carry no traffic: one read or atomic each way is plenty. */
+	cp.responder_resources = req && req->initiator_depth ? 1 : 0;
+	cp.initiator_depth = req && req->responder_resources ? 1 : 0;
+	cp.retry_count = 7;
+	cp.rnr_retry_count = 7;
+	if (rdma_accept(id, &cp)) {
+		fprintf(stderr, "ibv_agent: rdma_accept: %s\n", strerror(errno));
+		goto reject;
+	}
+	c = calloc(1, sizeof(*c));
+	if (!c || vec_push(&cm_conns, c)) {
+		free(c);
+		goto reject;
+	}
+	c->id = id;
+	c->port = port;
+	c->qpn = id->qp->qp_num & 0xffffff;
+	c->remote_qpn = req ? req->qp_num & 0xffffff : 0;
+	/* rdma_accept took the QP through RTR, where the kernel gave it the CM's starting PSN. */
+	memset(&a, 0, sizeof(a));
+	if (!ibv_query_qp(id->qp, &a, IBV_QP_STATE | IBV_QP_RQ_PSN | IBV_QP_SQ_PSN, &ia)) {
+		c->psn = a.rq_psn & 0xffffff;
+		c->sq_psn = a.sq_psn & 0xffffff;
+	}
+	addr_text(rdma_get_peer_addr(id), c->peer, sizeof(c->peer));
+	c->state = CM_CONNECTING;
+	return 0;
+reject:
+	if (rdma_reject(id, NULL, 0))
+		fprintf(stderr, "ibv_agent: rdma_reject: %s\n", strerror(errno));
+	if (id->qp)
+		rdma_destroy_qp(id);
+	return -1;
+}
+
+/* One event: acted on, then acknowledged. */
+static void cm_event(struct rdma_cm_event *ev)
+{
+	struct rdma_cm_id *id = ev->id;
+	long i = find_cm_conn_id(id);
+	struct cm_conn *c = i >= 0 ? cm_conns.p[i] : NULL;
+	switch (ev->event) {
+	case RDMA_CM_EVENT_CONNECT_REQUEST: {
+		int port = -1;
+		for (size_t k = 0; k < cm_listeners.n; k++)
+			if (((struct cm_listener *)cm_listeners.p[k])->id == ev->listen_id)
+				port = ((struct cm_listener *)cm_listeners.p[k])->port;
+		int ok = port >= 0 && !cm_accept(id, (uint16_t)port, &ev->param.conn);
+		if (port < 0 && rdma_reject(id, NULL, 0))
+			fprintf(stderr, "ibv_agent: rdma_reject: %s\n", strerror(errno));
+		rdma_ack_cm_event(ev);
+		/* A new id that was not kept is ours to destroy, once its event is acknowledged. */
+		if (!ok)
+			rdma_destroy_id(id);
+		return;
+	}
+	case RDMA_CM_EVENT_ESTABLISHED:
+		if (c)
+			c->state = CM_ESTABLISHED;
+		break;
+	case RDMA_CM_EVENT_DISCONNECTED:
+		/* The peer's DREQ: the kernel's CM leaves the DREP to rdma_disconnect (which also
+		 * moves the QP to ERR), as every librdmacm server calls it on this event. */
+		if (c) {
+			c->state = CM_DISCONNECTED;
+			if (rdma_disconnect(id))
+				fprintf(stderr, "ibv_agent: rdma_disconnect: %s\n", strerror(errno));
+		}
+		break;
+	case RDMA_CM_EVENT_REJECTED:
+		if (c)
+			c->state = CM_REJECTED;
+		break;
+	case RDMA_CM_EVENT_CONNECT_ERROR:
+	case RDMA_CM_EVENT_UNREACHABLE:
+	case RDMA_CM_EVENT_DEVICE_REMOVAL:
+		if (c)
+			c->state = CM_ERROR;
+		break;
+	default:
+		break;
+	}
+	rdma_ack_cm_event(ev);
+}
+
+/* Everything the event channel holds now. */
+static void cm_service(void)
+{
+	struct rdma_cm_event *ev;
+	while (cm_ch && !rdma_get_cm_event(cm_ch, &ev))
+		cm_event(ev);
+}
+
+static int port_of(const struct jv *o, uint16_t *out)
+{
+	uint64_t p;
+	if (u64_of(o, "port", 65535, &p))
+		return -1;
+	if (!p)
+		return fail("field \"port\": 0 is not a port (1 … 65535)");
+	*out = (uint16_t)p;
+	return 0;
+}
+
 /* ---- operations --------------------------------------------------------------------------- */
 
 static int op_hello(const struct jv *o, struct sb *r)
@@ -911,12 +1149,12 @@ static int op_hello(const struct jv *o, struct sb *r)
 	uint64_t v;
 	if (u64_of(o, "version", UINT64_MAX, &v))
 		return -1;
-	if (v != PROTOCOL_VERSION)
-		return fail("protocol version %" PRIu64 " not served (this agent speaks %d)", v,
-			    PROTOCOL_VERSION);
-	put_u64(r, "version", PROTOCOL_VERSION);
+	if (v < MIN_PROTOCOL_VERSION || v > PROTOCOL_VERSION)
+		return fail("protocol version %" PRIu64 " not served (this agent speaks %d to %d)", v,
+			    MIN_PROTOCOL_VERSION, PROTOCOL_VERSION);
+	put_u64(r, "version", v);
 	char name[160];
-	snprintf(name, sizeof(name), "ibv_agent %s (libibverbs)", dev_name);
+	snprintf(name, sizeof(name), "ibv_agent %s (libibverbs, librdmacm)", dev_name);
 	put_str(r, "agent", name);
 	return 0;
 }
@@ -1518,6 +1756,7 @@ static int op_poll_cq(const struct jv *o, struct sb *r)
 		got += (uint64_t)n;
 		if (got >= min || got >= max || now_ms() >= deadline)
 			break;
+		cm_service();
 		usleep(200);
 	}
 	sb_key(r, "wcs");
@@ -1548,6 +1787,103 @@ static int op_reset(const struct jv *o, struct sb *r)
 	return 0;
 }
 
+static int op_cm_listen(const struct jv *o, struct sb *r)
+{
+	uint16_t port = 0;
+	struct sockaddr_in sa;
+	struct rdma_cm_id *id = NULL;
+	(void)r;
+	if (port_of(o, &port))
+		return -1;
+	for (size_t k = 0; k < cm_listeners.n; k++)
+		if (((struct cm_listener *)cm_listeners.p[k])->port == port)
+			return fail("cm_listen: already listening on port %u", port);
+	if (cm_channel())
+		return -1;
+	if (rdma_create_id(cm_ch, &id, NULL, RDMA_PS_TCP))
+		return verbs_err("rdma_create_id", errno);
+	memset(&sa, 0, sizeof(sa));
+	sa.sin_family = AF_INET;
+	sa.sin_port = htons(port);
+	sa.sin_addr.s_addr = htonl(INADDR_ANY);
+	struct cm_listener *l = NULL;
+	int e = 0;
+	if (rdma_bind_addr(id, (struct sockaddr *)&sa))
+		e = verbs_err("rdma_bind_addr", errno);
+	else if (rdma_listen(id, 64))
+		e = verbs_err("rdma_listen", errno);
+	else if (!(l = calloc(1, sizeof(*l))))
+		e = fail("out of memory");
+	else if (vec_push(&cm_listeners, l))
+		e = -1;
+	if (e) {
+		free(l);
+		rdma_destroy_id(id);
+		return -1;
+	}
+	l->port = port;
+	l->id = id;
+	return 0;
+}
+
+static int op_cm_connections(const struct jv *o, struct sb *r)
+{
+	(void)o;
+	cm_service();
+	sb_key(r, "connections");
+	sb_mem(r, "[", 1);
+	for (size_t k = 0; k < cm_conns.n; k++) {
+		const struct cm_conn *c = cm_conns.p[k];
+		sb_printf(r, "%s{\"port\":%u", k ? "," : "", c->port);
+		put_u64(r, "qpn", c->qpn);
+		put_u64(r, "psn", c->psn);
+		put_u64(r, "sq_psn", c->sq_psn);
+		put_u64(r, "remote_qpn", c->remote_qpn);
+		put_str(r, "peer", c->peer);
+		put_str(r, "state", cm_state_names[c->state]);
+		sb_mem(r, "}", 1);
+	}
+	sb_mem(r, "]", 1);
+	return 0;
+}
+
+static int op_cm_disconnect(const struct jv *o, struct sb *r)
+{
+	uint64_t qpn;
+	(void)r;
+	if (u64_of(o, "qpn", 0xffffff, &qpn))
+		return -1;
+	for (size_t k = 0; k < cm_conns.n; k++) {
+		struct cm_conn *c = cm_conns.p[k];
+		if (c->qpn == qpn) {
+			cm_conn_free(c);
+			vec_del(&cm_conns, k);
+			return 0;
+		}
+	}
+	return fail("cm_disconnect: no connection with QP 0x%" PRIx64, qpn);
+}
+
+static int op_cm_stop(const struct jv *o, struct sb *r)
+{
+	uint16_t port = 0;
+	(void)r;
+	if (port_of(o, &port))
+		return -1;
+	for (size_t k = 0; k < cm_listeners.n; k++) {
+		struct cm_listener *l = cm_listeners.p[k];
+		if (l->port == port) {
+			cm_service();
+			cm_close_port(port);
+			rdma_destroy_id(l->id);
+			free(l);
+			vec_del(&cm_listeners, k);
+			return 0;
+		}
+	}
+	return fail("cm_stop: not listening on port %u", port);
+}
+
 static const struct {
 	const char *name;
 	int (*run)(const struct jv *, struct sb *);
@@ -1558,6 +1894,8 @@ static const struct {
 	{"destroy_cq", op_destroy_cq}, {"create_qp", op_create_qp},  {"modify_qp", op_modify_qp},
 	{"query_qp", op_query_qp}, {"destroy_qp", op_destroy_qp},     {"post_send", op_post_send},
 	{"post_recv", op_post_recv}, {"poll_cq", op_poll_cq},         {"reset", op_reset},
+	{"cm_listen", op_cm_listen}, {"cm_connections", op_cm_connections},
+	{"cm_disconnect", op_cm_disconnect}, {"cm_stop", op_cm_stop},
 };
 
 /* One request line (without its newline) → one response line in out (with its newline). */
@@ -1664,6 +2002,19 @@ static void serve_client(int fd)
 				free(out.p);
 				break;
 			}
+			/* Wait for the client's next bytes, serving rdma_cm events meanwhile: a
+			 * connection request must be accepted while the client thinks. */
+			struct pollfd pf[2] = {{.fd = fd, .events = POLLIN},
+					       {.fd = cm_ch ? cm_ch->fd : -1, .events = POLLIN}};
+			if (poll(pf, 2, -1) < 0) {
+				if (errno == EINTR)
+					continue;
+				break;
+			}
+			if (pf[1].revents)
+				cm_service();
+			if (!pf[0].revents)
+				continue;
 			ssize_t got = recv(fd, buf + n, cap - n, 0);
 			if (got < 0 && errno == EINTR)
 				continue;

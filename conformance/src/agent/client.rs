@@ -28,6 +28,8 @@ pub struct JsonClient {
     reader: BufReader<Box<dyn Stream>>,
     addr: String,
     next_id: u64,
+    /// The protocol version agreed in `hello`.
+    version: u32,
 }
 
 impl std::fmt::Debug for JsonClient {
@@ -42,8 +44,10 @@ impl std::fmt::Debug for JsonClient {
 const SLACK: Duration = Duration::from_secs(10);
 
 impl JsonClient {
-    /// Connects to `unix:PATH`, `tcp:HOST:PORT` or `HOST:PORT`, and checks the protocol
-    /// version with `hello`.
+    /// Connects to `unix:PATH`, `tcp:HOST:PORT` or `HOST:PORT`, and agrees on the protocol
+    /// version with `hello`: this client's, or, with an agent that refuses it, the oldest one
+    /// (version 1, without the rdma_cm operations: requests for them then fail here, saying
+    /// so).
     pub fn connect(addr: &str) -> AgentResult<JsonClient> {
         let stream: Box<dyn Stream> = if let Some(p) = addr.strip_prefix("unix:") {
             Box::new(
@@ -60,20 +64,51 @@ impl JsonClient {
             reader: BufReader::new(stream),
             addr: addr.to_string(),
             next_id: 1,
+            version: MIN_PROTOCOL_VERSION,
         };
-        let h = c.hello()?;
-        if h.version != PROTOCOL_VERSION {
+        let mut asked = PROTOCOL_VERSION;
+        let mut refusals = Vec::new();
+        let h = loop {
+            match c.call(Request::Hello { version: asked }) {
+                Ok(Reply::Hello(h)) => break h,
+                Ok(r) => return unexpected(r),
+                Err(e) => {
+                    refusals.push(format!("version {asked}: {e}"));
+                    if asked == MIN_PROTOCOL_VERSION {
+                        return Err(AgentError(refusals.join("; ")));
+                    }
+                    asked -= 1;
+                }
+            }
+        };
+        if h.version != asked {
             return Err(AgentError(format!(
-                "agent at {addr} speaks protocol version {}, this client {PROTOCOL_VERSION}",
+                "agent at {addr} answered hello for protocol version {asked} with version {}",
                 h.version
             )));
         }
+        c.version = asked;
         Ok(c)
+    }
+
+    /// The protocol version agreed with the agent.
+    pub fn version(&self) -> u32 {
+        self.version
     }
 }
 
 impl Agent for JsonClient {
     fn call(&mut self, req: Request) -> AgentResult<Reply> {
+        if req.since_version() > self.version {
+            return Err(AgentError(format!(
+                "{}: the agent at {} speaks protocol version {}, {} needs version {}",
+                req.op(),
+                self.addr,
+                self.version,
+                req.op(),
+                req.since_version()
+            )));
+        }
         let id = self.next_id;
         self.next_id += 1;
         let wait = match &req {

@@ -68,6 +68,15 @@ fn opt<T>(
     }
 }
 
+/// An rdma_cm port: 1 … 65535 (port 0 would ask for an ephemeral one, which a listener cannot
+/// announce).
+fn port_of(o: &Obj, k: &str) -> Result<u16, String> {
+    match bounded(o, k, 0xffff)? {
+        0 => Err(format!("field \"{k}\": 0 is not a port (1 … 65535)")),
+        p => Ok(p as u16),
+    }
+}
+
 fn u8_of(o: &Obj, k: &str) -> Result<u8, String> {
     bounded(o, k, 255).map(|v| v as u8)
 }
@@ -252,7 +261,9 @@ pub fn request_json(req: &Request) -> Value {
     };
     match req {
         Request::Hello { version } => put("version", (*version).into()),
-        Request::QueryDevice | Request::AllocPd | Request::Reset => {}
+        Request::QueryDevice | Request::AllocPd | Request::Reset | Request::CmConnections => {}
+        Request::CmListen { port } | Request::CmStop { port } => put("port", (*port).into()),
+        Request::CmDisconnect { qpn } => put("qpn", qpn.value().into()),
         Request::DeallocPd { pd } => put("pd", (*pd).into()),
         Request::RegMr { pd, length, access } => {
             put("pd", (*pd).into());
@@ -414,6 +425,16 @@ pub fn request_of(v: &Value) -> Result<Request, String> {
             wait_ms: u64_or(o, "wait_ms", 0)?.min(60_000),
         },
         "reset" => Request::Reset,
+        "cm_listen" => Request::CmListen {
+            port: port_of(o, "port")?,
+        },
+        "cm_connections" => Request::CmConnections,
+        "cm_disconnect" => Request::CmDisconnect {
+            qpn: Qpn::new(u24_of(o, "qpn")?),
+        },
+        "cm_stop" => Request::CmStop {
+            port: port_of(o, "port")?,
+        },
         other => return Err(format!("unknown op \"{other}\"")),
     })
 }
@@ -427,6 +448,28 @@ fn wc_json(w: &WorkCompletion) -> Value {
         o.insert("imm_data".into(), i.into());
     }
     v
+}
+
+fn cm_conn_json(c: &CmConn) -> Value {
+    json!({
+        "port": c.port, "qpn": c.qpn.value(), "psn": c.psn.value(), "sq_psn": c.sq_psn.value(),
+        "remote_qpn": c.remote_qpn.value(), "peer": c.peer.to_string(), "state": c.state.name(),
+    })
+}
+
+fn cm_conn_of(v: &Value) -> Result<CmConn, String> {
+    let o = v.as_object().ok_or("a connection is an object")?;
+    let state = str_of(o, "state")?;
+    Ok(CmConn {
+        port: port_of(o, "port")?,
+        qpn: Qpn::new(u24_of(o, "qpn")?),
+        psn: Psn::new(u24_of(o, "psn")?),
+        sq_psn: Psn::new(u24_of(o, "sq_psn")?),
+        remote_qpn: Qpn::new(u24_of(o, "remote_qpn")?),
+        peer: ip_of(o, "peer")?,
+        state: CmConnState::from_name(state)
+            .ok_or_else(|| format!("field \"state\": unknown connection state \"{state}\""))?,
+    })
 }
 
 fn wc_of(v: &Value) -> Result<WorkCompletion, String> {
@@ -476,6 +519,9 @@ pub fn reply_fields(r: &Reply) -> Obj {
             "max_dest_rd_atomic": a.max_dest_rd_atomic,
         }),
         Reply::Wcs(w) => json!({ "wcs": w.iter().map(wc_json).collect::<Vec<_>>() }),
+        Reply::CmConns(c) => {
+            json!({ "connections": c.iter().map(cm_conn_json).collect::<Vec<_>>() })
+        }
         Reply::Done => json!({}),
     };
     match v {
@@ -560,6 +606,14 @@ pub fn reply_of(op: &str, v: &Value) -> AgentResult<Reply> {
                     .ok_or("field \"wcs\": expected a list")?
                     .iter()
                     .map(wc_of)
+                    .collect::<Result<_, _>>()?,
+            ),
+            "cm_connections" => Reply::CmConns(
+                field(o, "connections")?
+                    .as_array()
+                    .ok_or("field \"connections\": expected a list")?
+                    .iter()
+                    .map(cm_conn_of)
                     .collect::<Result<_, _>>()?,
             ),
             _ => Reply::Done,
@@ -678,6 +732,12 @@ mod tests {
                 wait_ms: 250,
             },
             Request::Reset,
+            Request::CmListen { port: 65535 },
+            Request::CmConnections,
+            Request::CmDisconnect {
+                qpn: Qpn::new(0xab_cdef),
+            },
+            Request::CmStop { port: 1 },
         ]
     }
 
@@ -716,6 +776,19 @@ mod tests {
             ("read_mr", Reply::Data(vec![1, 2, 3])),
             ("create_qp", Reply::Qp(Qpn::new(0xab_cdef))),
             ("modify_qp", Reply::Done),
+            (
+                "cm_connections",
+                Reply::CmConns(vec![CmConn {
+                    port: 7471,
+                    qpn: Qpn::new(0x12_3456),
+                    psn: Psn::new(0xff_ffff),
+                    sq_psn: Psn::new(0),
+                    remote_qpn: Qpn::new(0x11),
+                    peer: "fd00::2".parse().unwrap_or(IpAddr::from([10, 0, 0, 2])),
+                    state: CmConnState::Disconnected,
+                }]),
+            ),
+            ("cm_listen", Reply::Done),
         ] {
             let v = response_json(Value::from(4), &Ok(r.clone()));
             assert_eq!(reply_of(op, &v), Ok(r));
@@ -744,6 +817,12 @@ mod tests {
             r#"{"op":"post_send","qpn":1,"opcode":"fly"}"#,
             r#"{"op":"post_send","qpn":1,"opcode":"send","sg":[{"addr":1}]}"#,
             r#"{"op":"modify_qp","qpn":1,"ah":{"dgid":"nowhere"}}"#,
+            r#"{"op":"cm_listen"}"#,
+            r#"{"op":"cm_listen","port":0}"#,
+            r#"{"op":"cm_listen","port":65536}"#,
+            r#"{"op":"cm_listen","port":"seven"}"#,
+            r#"{"op":"cm_stop","port":-1}"#,
+            r#"{"op":"cm_disconnect","qpn":16777216}"#,
         ] {
             assert!(parse_line(line).1.is_err(), "{line} was taken");
         }

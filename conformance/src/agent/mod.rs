@@ -9,6 +9,7 @@
 //!
 //! The wire form is in [`json`] and `docs/agent-protocol.md`.
 pub mod client;
+pub mod cm;
 pub mod json;
 pub mod rnic;
 pub mod server;
@@ -20,8 +21,13 @@ use std::fmt;
 use std::net::IpAddr;
 use std::time::Duration;
 
-/// The protocol version `hello` reports; a client refuses an agent with another.
-pub const PROTOCOL_VERSION: u32 = 1;
+/// The protocol version this side speaks: 2 = version 1 plus the rdma_cm operations
+/// (`docs/agent-protocol.md`, "Versions"). An agent also serves every older version.
+pub const PROTOCOL_VERSION: u32 = 2;
+/// The oldest version still served.
+pub const MIN_PROTOCOL_VERSION: u32 = 1;
+/// The first version with the `cm_*` operations.
+pub const CM_PROTOCOL_VERSION: u32 = 2;
 
 /// Why a request failed: the agent's words (a verbs error, a malformed request, a lost link).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -303,6 +309,62 @@ impl fmt::Display for WorkCompletion {
     }
 }
 
+/// Where an accepted rdma_cm connection stands (the last `rdma_cm` event about it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CmConnState {
+    /// REP sent (`rdma_accept` done), no RTU yet.
+    Connecting,
+    /// RTU received (`RDMA_CM_EVENT_ESTABLISHED`).
+    Established,
+    /// Ended by the peer's DREQ or by our DREQ's DREP (`RDMA_CM_EVENT_DISCONNECTED`).
+    Disconnected,
+    /// The peer answered our REP with a REJ (`RDMA_CM_EVENT_REJECTED`).
+    Rejected,
+    /// No RTU or DREP came, or the device failed (`RDMA_CM_EVENT_CONNECT_ERROR` and the like).
+    Error,
+}
+
+impl CmConnState {
+    pub const ALL: [CmConnState; 5] = [
+        CmConnState::Connecting,
+        CmConnState::Established,
+        CmConnState::Disconnected,
+        CmConnState::Rejected,
+        CmConnState::Error,
+    ];
+    pub fn name(self) -> &'static str {
+        match self {
+            CmConnState::Connecting => "connecting",
+            CmConnState::Established => "established",
+            CmConnState::Disconnected => "disconnected",
+            CmConnState::Rejected => "rejected",
+            CmConnState::Error => "error",
+        }
+    }
+    pub fn from_name(s: &str) -> Option<CmConnState> {
+        CmConnState::ALL.into_iter().find(|c| c.name() == s)
+    }
+}
+
+/// One connection the device's CM accepted on a `cm_listen` port, with an RC QP of the agent's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CmConn {
+    /// The rdma_cm port (service ID 0x0000000001060000 | port) it came in on.
+    pub port: u16,
+    /// The local RC QP.
+    pub qpn: Qpn,
+    /// The Starting PSN the device's CM chose and sent in its REP: the PSN it expects first
+    /// (the QP's `rq_psn`), the one a packet injected into the connection must carry.
+    pub psn: Psn,
+    /// The PSN the QP sends from (`sq_psn`): the REQ's Starting PSN, the peer's choice.
+    pub sq_psn: Psn,
+    /// The peer's QP (the REQ's Local QPN).
+    pub remote_qpn: Qpn,
+    /// The peer's address.
+    pub peer: IpAddr,
+    pub state: CmConnState,
+}
+
 /// One request of the protocol.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request {
@@ -366,6 +428,23 @@ pub enum Request {
     },
     /// Destroys everything this session created.
     Reset,
+    /// Version 2: accept every rdma_cm connection request for `port` (service ID
+    /// 0x0000000001060000 | port) with an RC QP of the agent's, the device's CM choosing the
+    /// starting PSN.
+    CmListen {
+        port: u16,
+    },
+    /// Version 2: the connections accepted so far, oldest first.
+    CmConnections,
+    /// Version 2: ends the connection of the local QP `qpn` (a DREQ if it is established, a
+    /// REJ while it is connecting) and destroys its QP.
+    CmDisconnect {
+        qpn: Qpn,
+    },
+    /// Version 2: stops listening on `port` and ends every connection accepted there.
+    CmStop {
+        port: u16,
+    },
 }
 
 impl Request {
@@ -390,6 +469,21 @@ impl Request {
             Request::PostRecv { .. } => "post_recv",
             Request::PollCq { .. } => "poll_cq",
             Request::Reset => "reset",
+            Request::CmListen { .. } => "cm_listen",
+            Request::CmConnections => "cm_connections",
+            Request::CmDisconnect { .. } => "cm_disconnect",
+            Request::CmStop { .. } => "cm_stop",
+        }
+    }
+
+    /// The protocol version that introduced the operation.
+    pub fn since_version(&self) -> u32 {
+        match self {
+            Request::CmListen { .. }
+            | Request::CmConnections
+            | Request::CmDisconnect { .. }
+            | Request::CmStop { .. } => CM_PROTOCOL_VERSION,
+            _ => 1,
         }
     }
 }
@@ -406,10 +500,11 @@ pub enum Reply {
     Qp(Qpn),
     QpAttr(QpInfo),
     Wcs(Vec<WorkCompletion>),
+    CmConns(Vec<CmConn>),
     Done,
 }
 
-fn unexpected<T>(r: Reply) -> AgentResult<T> {
+pub(crate) fn unexpected<T>(r: Reply) -> AgentResult<T> {
     Err(AgentError(format!("agent answered with {r:?}")))
 }
 
@@ -515,6 +610,21 @@ pub trait Agent {
     }
     fn reset(&mut self) -> AgentResult<()> {
         self.call(Request::Reset).map(|_| ())
+    }
+    fn cm_listen(&mut self, port: u16) -> AgentResult<()> {
+        self.call(Request::CmListen { port }).map(|_| ())
+    }
+    fn cm_connections(&mut self) -> AgentResult<Vec<CmConn>> {
+        match self.call(Request::CmConnections)? {
+            Reply::CmConns(c) => Ok(c),
+            r => unexpected(r),
+        }
+    }
+    fn cm_disconnect(&mut self, qpn: Qpn) -> AgentResult<()> {
+        self.call(Request::CmDisconnect { qpn }).map(|_| ())
+    }
+    fn cm_stop(&mut self, port: u16) -> AgentResult<()> {
+        self.call(Request::CmStop { port }).map(|_| ())
     }
 }
 

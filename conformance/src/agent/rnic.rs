@@ -3,14 +3,51 @@
 //! [`execute`] never waits: `poll_cq` returns what the CQ holds now, and whoever drives the
 //! RNIC (virtual time in [`crate::dut::SelfDut`], the engine's thread in `rocemu agent`) turns
 //! it between polls until the wait is over.
+use super::cm::{CmService, PsnFilter, Resolve};
 use super::*;
 use rocemu_emulator::rnic::{self as r, Gid, QpAttrMask as M, Rnic, WcOpcode, WcStatus};
+use rocemu_emulator::Nanos;
 
-/// The objects a session created, so that `reset` can take them down again.
-#[derive(Debug, Default)]
+/// The objects a session created, so that `reset` can take them down again, and the agent's
+/// rdma_cm service once a `cm_listen` started it (QP1 stays: a device's, not a session's).
+#[derive(Default)]
 pub struct Objects {
     qps: Vec<Qpn>,
     mrs: Vec<u32>,
+    cm: Option<CmService>,
+    /// Handed to the CM service when it starts: rewrites every starting PSN it draws (tests
+    /// break the device with it).
+    pub cm_psn_filter: Option<PsnFilter>,
+}
+
+impl std::fmt::Debug for Objects {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Objects")
+            .field("qps", &self.qps.len())
+            .field("mrs", &self.mrs.len())
+            .field("cm", &self.cm)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Objects {
+    /// Runs the CM service's turn, when there is one (see [`CmService::turn`]).
+    pub fn turn_cm(&mut self, rnic: &mut Rnic, now: Nanos, resolve: Resolve<'_>) {
+        if let Some(cm) = self.cm.as_mut() {
+            cm.turn(rnic, now, resolve);
+        }
+    }
+
+    /// When the CM service next needs a turn for its own timers.
+    pub fn cm_timeout(&self) -> Option<Nanos> {
+        self.cm.as_ref().and_then(|c| c.poll_timeout())
+    }
+
+    fn cm_mut(&mut self, op: &str) -> AgentResult<&mut CmService> {
+        self.cm
+            .as_mut()
+            .ok_or_else(|| AgentError(format!("{op}: no cm_listen yet")))
+    }
 }
 
 fn verbs(e: r::VerbsError) -> AgentError {
@@ -187,13 +224,13 @@ fn mr_range(
 pub fn execute(rnic: &mut Rnic, objs: &mut Objects, req: Request) -> AgentResult<Reply> {
     Ok(match req {
         Request::Hello { version } => {
-            if version != PROTOCOL_VERSION {
+            if !(MIN_PROTOCOL_VERSION..=PROTOCOL_VERSION).contains(&version) {
                 return Err(AgentError(format!(
-                    "protocol version {version} not served (this agent speaks {PROTOCOL_VERSION})"
+                    "protocol version {version} not served (this agent speaks {MIN_PROTOCOL_VERSION} to {PROTOCOL_VERSION})"
                 )));
             }
             Reply::Hello(Hello {
-                version: PROTOCOL_VERSION,
+                version,
                 agent: format!("rocemu {}", env!("CARGO_PKG_VERSION")),
             })
         }
@@ -322,7 +359,32 @@ pub fn execute(rnic: &mut Rnic, objs: &mut Objects, req: Request) -> AgentResult
                 .map(completion)
                 .collect(),
         ),
+        Request::CmListen { port } => {
+            if objs.cm.is_none() {
+                let filter = objs.cm_psn_filter.take();
+                objs.cm = Some(CmService::new(rnic, filter)?);
+            }
+            objs.cm_mut("cm_listen")?.listen(port)?;
+            Reply::Done
+        }
+        Request::CmConnections => Reply::CmConns(
+            objs.cm
+                .as_ref()
+                .map(|c| c.connections())
+                .unwrap_or_default(),
+        ),
+        Request::CmDisconnect { qpn } => {
+            objs.cm_mut("cm_disconnect")?.disconnect(rnic, qpn)?;
+            Reply::Done
+        }
+        Request::CmStop { port } => {
+            objs.cm_mut("cm_stop")?.stop(rnic, port)?;
+            Reply::Done
+        }
         Request::Reset => {
+            if let Some(cm) = objs.cm.as_mut() {
+                cm.reset(rnic);
+            }
             for q in std::mem::take(&mut objs.qps) {
                 let _ = rnic.destroy_qp(q);
             }

@@ -6,6 +6,8 @@
 //! I/O and hands each request over as a job (the shape of `rocemu_testbed::remote::serve`).
 //! `poll_cq` with a wait is a loop of non-waiting polls on the I/O side, so the RNIC never
 //! blocks. Clients are served one at a time; when one goes away, what it created is reset.
+//! Between jobs the RNIC's thread also turns the agent's rdma_cm service (`cm_listen`), so that
+//! connection requests are answered while the client thinks, as a librdmacm server would.
 use super::json::{parse_line, response_json};
 use super::rnic::{execute, Objects};
 use super::*;
@@ -29,6 +31,9 @@ pub trait Backend {
         let _ = req;
         Ok(())
     }
+    /// Turns the agent's rdma_cm service ([`Objects::turn_cm`]) on this backend's clock,
+    /// resolving the peers it answers as the backend can.
+    fn turn_cm(&mut self, objs: &mut Objects);
 }
 
 /// An RNIC whose frames go nowhere: the protocol without a datapath (tests, trying it out).
@@ -59,6 +64,12 @@ impl Backend for NullBackend {
         while self.rnic.poll_transmit(now, &mut self.buf).is_some() {}
         std::thread::sleep(Duration::from_micros(200));
     }
+    fn turn_cm(&mut self, objs: &mut Objects) {
+        let now = Nanos(self.start.elapsed().as_nanos() as u64);
+        objs.turn_cm(&mut self.rnic, now, &mut |_, ip| {
+            Err(format!("no datapath to reach {ip}"))
+        });
+    }
 }
 
 /// An RNIC on a port, turned by the engine (`rocemu agent --dev af_packet:…|dpdk:…`).
@@ -85,6 +96,13 @@ impl Backend for EngineBackend {
     fn turn(&mut self) {
         let w = self.engine.poll(&mut self.rnic);
         self.engine.idle(w);
+    }
+    fn turn_cm(&mut self, objs: &mut Objects) {
+        let now = self.engine.now();
+        let engine = &mut self.engine;
+        objs.turn_cm(&mut self.rnic, now, &mut |rnic, ip| {
+            engine.resolve(rnic, ip, Duration::from_secs(3)).map(|_| ())
+        });
     }
     fn prepare(&mut self, req: &Request) -> AgentResult<()> {
         match req {
@@ -198,7 +216,10 @@ pub fn serve(listener: &Listener, backend: &mut dyn Backend, clients: Option<usi
                         .and_then(|()| execute(backend.rnic(), &mut objs, req));
                     let _ = reply.send(r);
                 }
-                Err(mpsc::TryRecvError::Empty) => backend.turn(),
+                Err(mpsc::TryRecvError::Empty) => {
+                    backend.turn();
+                    backend.turn_cm(&mut objs);
+                }
                 Err(mpsc::TryRecvError::Disconnected) => break,
             }
         }

@@ -1,14 +1,22 @@
 //! Security, after ReDMArk (Rothenberger et al., "ReDMArk: Bypassing RDMA Security
 //! Mechanisms", USENIX Security 2021): an attacker who can put packets on the network guesses
-//! R_Keys and QPNs from the ones it saw, and injects packets into a connection with guessed
-//! PSNs or from another address. The device must make the guesses hard and the injections
-//! harmless.
+//! R_Keys, QPNs and PSNs from the ones it saw, and injects packets into a connection with
+//! guessed PSNs or from another address. The device must make the guesses hard and the
+//! injections harmless.
+//!
+//! With ibverbs the application chooses a QP's PSNs (`sq_psn`, `rq_psn`), so a device chooses a
+//! starting PSN only in its connection manager: the passive side's REP announces the PSN it
+//! expects first, which is the PSN an injected packet must carry. `sec.psn.unpredictable`
+//! therefore connects through the device's CM (the agent's `cm_listen`) as an rdma_cm client.
 use crate::agent::QpInit;
+use crate::cm_peer::{self, Accepted, Offer, Patience};
 use crate::peer::{describe, Craft};
 use crate::scenario::{pattern, psn_text, ConnOpts, Ctx, Outcome, Scenario};
 use rocemu_emulator::rnic::{Access, QpType};
+use rocemu_wire::cm::{CommId, Guid};
 use rocemu_wire::frame::IpRepr;
-use rocemu_wire::{NakCode, Opcode, RKey};
+use rocemu_wire::mad::Tid;
+use rocemu_wire::{NakCode, Opcode, Qpn, RKey};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 pub const SCENARIOS: &[Scenario] = &[
@@ -23,6 +31,12 @@ pub const SCENARIOS: &[Scenario] = &[
         title: "32 QPNs in a row: none guessable within ±2^10 of the previous QPN plus the usual step",
         spec: "ReDMArk (predictable QP numbers); IBTA Vol.1 10.2.1",
         run: qpn_unpredictable,
+    },
+    Scenario {
+        id: "sec.psn.unpredictable",
+        title: "32 rdma_cm connections to the device: no REP's starting PSN guessable within ±2^10 of the previous plus the usual step",
+        spec: "ReDMArk (predictable PSNs, packet injection); IBTA Vol.1 12.6.8 (REP: Starting PSN), 9.7.1 (24-bit PSNs)",
+        run: psn_unpredictable,
     },
     Scenario {
         id: "sec.inject.future-psn-not-applied",
@@ -127,6 +141,77 @@ fn qpn_unpredictable(ctx: &mut Ctx<'_>) -> Outcome {
         );
     }
     judge_sequence("QPNs", &qpns, 1 << 24, 1 << 10)
+}
+
+/// How many connections `sec.psn.unpredictable` makes.
+const CM_SAMPLE: usize = 32;
+
+/// The starting PSNs the device's CM picks, from [`CM_SAMPLE`] connections the peer makes as an
+/// rdma_cm client (REQ, REP, RTU, then DREQ, DREP: each one ended cleanly before the next).
+///
+/// The window: ±2^10 around the previous PSN plus the median step, as for QPNs, which live in
+/// the same 24-bit space. An attacker who has seen one connection's starting PSN and can send
+/// 2^11 packets into the next one guesses it if it lands there; 2^11 64-byte packets are a
+/// burst of about 0.15 ms on a 10 Gb/s link, and a responder only answers wrong PSNs with a
+/// sequence NAK. Values drawn at random hit the window with probability 2^11 / 2^24 = 2^-13
+/// per connection; a CM that counts up, or adds a fixed stride, hits it every time; one that
+/// repeats itself fails on the repeats.
+fn psn_unpredictable(ctx: &mut Ctx<'_>) -> Outcome {
+    let port = 0x4000 + (ctx.random() % 0x8000) as u16;
+    ctx.agent.cm_listen(port)?;
+    let sampled = sample_starting_psns(ctx, port);
+    // Stop listening whatever happened (every connection made has been ended already).
+    let stopped = ctx.agent.cm_stop(port);
+    let psns = sampled?;
+    stopped?;
+    judge_sequence("REP starting PSNs", &psns, 1 << 24, 1 << 10)
+}
+
+fn sample_starting_psns(ctx: &mut Ctx<'_>, port: u16) -> Result<Vec<u32>, String> {
+    let patience = Patience::for_settle(ctx.peer.settle);
+    let guid = Guid(ctx.random() | 1);
+    let mut made: Vec<Accepted> = Vec::new();
+    for i in 0..CM_SAMPLE {
+        let offer = Offer {
+            comm_id: CommId((ctx.random() as u32).max(1)),
+            guid,
+            qpn: Qpn::new(0x100 + (ctx.random() % 0xff_0000) as u32),
+            psn: ctx.random_psn(),
+            src_port: 32768 + (ctx.random() % 28000) as u16,
+            path_mtu: 3,
+            tid: Tid(ctx.random()),
+        };
+        let what = |e: String| format!("connection {} of {CM_SAMPLE}: {e}", i + 1);
+        let a = cm_peer::connect(&mut ctx.peer, port, &offer, patience).map_err(what)?;
+        cm_peer::rtu(&mut ctx.peer, &a).map_err(what)?;
+        let dreq_tid = Tid(ctx.random());
+        cm_peer::disconnect(&mut ctx.peer, &a, dreq_tid, patience).map_err(what)?;
+        made.push(a);
+    }
+    // What the agent says its QPs were given must be what the REPs said, both ways.
+    let listed = ctx.agent.cm_connections()?;
+    for (i, a) in made.iter().enumerate() {
+        let q = a.rep.local_qpn;
+        let Some(c) = listed.iter().find(|c| c.qpn == q && c.port == port) else {
+            return Err(format!(
+                "connection {}: the REP names QP 0x{:06x}, which the agent does not list for port {port}",
+                i + 1,
+                q.value()
+            ));
+        };
+        if c.psn != a.rep.starting_psn || c.sq_psn != a.offer.psn {
+            return Err(format!(
+                "connection {}: the REP announces starting PSN {} and the REQ offered {}, but the agent's QP 0x{:06x} has rq_psn {} and sq_psn {}",
+                i + 1,
+                psn_text(a.rep.starting_psn),
+                psn_text(a.offer.psn),
+                q.value(),
+                psn_text(c.psn),
+                psn_text(c.sq_psn)
+            ));
+        }
+    }
+    Ok(made.iter().map(|a| a.rep.starting_psn.value()).collect())
 }
 
 /// A WRITE that must not land: at most `allowed` answers, memory as it was, then the real
@@ -333,5 +418,29 @@ mod tests {
             })
             .collect();
         assert!(guessable(&rnd, 1 << 32, 1 << 16) <= 2);
+    }
+
+    #[test]
+    fn psns_counting_up_across_the_wrap_are_guessable() {
+        // A CM that adds a stride of 0x1000 from near 2^24: the wrap does not hide the step.
+        let mut p = 0xff_8000u32;
+        let seq: Vec<u32> = (0..32)
+            .map(|_| {
+                let v = p;
+                p = rocemu_wire::Psn::new(p).add(0x1000).value();
+                v
+            })
+            .collect();
+        assert_eq!(guessable(&seq, 1 << 24, 1 << 10), 31);
+        let mut x = 0x9e37_79b9u32;
+        let rnd: Vec<u32> = (0..32)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                x & 0xff_ffff
+            })
+            .collect();
+        assert!(guessable(&rnd, 1 << 24, 1 << 10) <= 1);
     }
 }

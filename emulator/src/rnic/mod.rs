@@ -334,6 +334,11 @@ impl Rnic {
     pub fn set_neighbor(&mut self, ip: IpAddr, mac: Mac) {
         self.dev.neighbors.insert(ip, mac);
     }
+    /// A draw from the device's seeded generator, for what sits beside the core and must be
+    /// as hard to guess as its keys: a connection manager's starting PSNs and communication IDs.
+    pub fn random_u64(&mut self) -> u64 {
+        self.dev.rng.next_u64()
+    }
 
     // ---- PD, MR, CQ ------------------------------------------------------------------------
 
