@@ -93,6 +93,9 @@ fn after_ack(qp: &mut Qp) {
 /// The oldest sent READ or atomic still waiting for its response: responses arrive for it (in
 /// order), and no acknowledgement may move past its missing ones.
 fn awaiting_response(qp: &Qp) -> Option<usize> {
+    if qp.sq.reads() == 0 {
+        return None;
+    }
     qp.sq
         .iter()
         .take_while(|w| w.started)

@@ -46,6 +46,9 @@ pub(crate) struct SendQueue {
     slots: Vec<Option<SendWqe>>,
     head: usize,
     len: usize,
+    /// READs and atomics among them: when there are none, no WQE can be awaiting a response,
+    /// and the completer need not look for one on every ACK.
+    reads: usize,
 }
 
 impl SendQueue {
@@ -88,6 +91,7 @@ impl SendQueue {
         if self.len == self.slots.len() {
             self.grow();
         }
+        self.reads += w.wr.opcode.is_read_or_atomic() as usize;
         let s = self.slot(self.len);
         self.slots[s] = Some(w);
         self.len += 1;
@@ -102,6 +106,7 @@ impl SendQueue {
         let w = self.slots[self.head].take();
         self.head = self.slot(1);
         self.len -= 1;
+        self.reads -= w.as_ref().is_some_and(|w| w.wr.opcode.is_read_or_atomic()) as usize;
         w
     }
 
@@ -109,10 +114,20 @@ impl SendQueue {
     #[inline]
     pub fn drop_front(&mut self) {
         if self.len > 0 {
-            self.slots[self.head] = None;
+            let slot = &mut self.slots[self.head];
+            self.reads -=
+                slot.as_ref()
+                    .is_some_and(|w| w.wr.opcode.is_read_or_atomic()) as usize;
+            *slot = None;
             self.head = self.slot(1);
             self.len -= 1;
         }
+    }
+
+    /// How many READs and atomics the queue holds.
+    #[inline]
+    pub fn reads(&self) -> usize {
+        self.reads
     }
 
     /// Oldest first.
@@ -379,8 +394,16 @@ mod tests {
     use super::*;
 
     fn wqe(id: u64) -> SendWqe {
+        let op = if id % 3 == 0 {
+            WrOpcode::RdmaRead {
+                remote_addr: 0,
+                rkey: 0,
+            }
+        } else {
+            WrOpcode::Send
+        };
         SendWqe {
-            wr: SendWr::new(id, WrOpcode::Send, Vec::new()),
+            wr: SendWr::new(id, op, Vec::new()),
             len: 0,
             first_psn: Psn::new(0),
             npkts: 0,
@@ -416,6 +439,10 @@ mod tests {
                 }
             }
             assert_eq!(q.len(), r.len());
+            assert_eq!(
+                q.reads(),
+                q.iter().filter(|w| w.wr.opcode.is_read_or_atomic()).count()
+            );
             let ids: Vec<u64> = q.iter().map(|w| w.wr.wr_id).collect();
             assert_eq!(ids, r.iter().copied().collect::<Vec<_>>());
             for (i, w) in q.iter_mut().enumerate() {

@@ -474,16 +474,16 @@ impl core::ops::Deref for SgList {
 
 impl From<&[Sge]> for SgList {
     fn from(s: &[Sge]) -> SgList {
-        if s.len() <= 2 {
-            let mut sges = [Sge::default(); 2];
-            sges[..s.len()].copy_from_slice(s);
-            SgList::Inline {
-                n: s.len() as u8,
-                sges,
-            }
-        } else {
-            SgList::Heap(s.to_vec())
-        }
+        // Element by element: a slice copy of a variable length is a memcpy call, which costs
+        // more than the one or two 16-byte SGEs of every work request.
+        let d = Sge::default();
+        let (n, sges) = match *s {
+            [] => (0, [d, d]),
+            [a] => (1, [a, d]),
+            [a, b] => (2, [a, b]),
+            _ => return SgList::Heap(s.to_vec()),
+        };
+        SgList::Inline { n, sges }
     }
 }
 
