@@ -394,7 +394,7 @@ mod tests {
     use super::*;
 
     fn wqe(id: u64) -> SendWqe {
-        let op = if id % 3 == 0 {
+        let op = if id.is_multiple_of(3) {
             WrOpcode::RdmaRead {
                 remote_addr: 0,
                 rkey: 0,
