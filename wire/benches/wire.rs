@@ -8,7 +8,11 @@ use rocemu_wire::ip::Ipv4Repr;
 use rocemu_wire::*;
 
 fn write_first(payload: usize) -> (FrameRepr, Vec<u8>) {
-    let mut bth = BthRepr::new(Opcode::RC_RDMA_WRITE_FIRST, Qpn::new(0x11), Psn::new(100));
+    write_frame(Opcode::RC_RDMA_WRITE_FIRST, payload)
+}
+
+fn write_frame(op: Opcode, payload: usize) -> (FrameRepr, Vec<u8>) {
+    let mut bth = BthRepr::new(op, Qpn::new(0x11), Psn::new(100));
     bth.pad = rocemu_wire::frame::pad_for(payload);
     let r = FrameRepr {
         eth: EthernetRepr {
@@ -129,5 +133,50 @@ fn icrc_vs_plain(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, parse, build, icrc_vs_plain);
+/// The frame of a 64-byte RDMA WRITE ONLY (138 bytes, a 124-byte datagram): what each end of a
+/// 64-byte message-rate test must at least do per message besides moving the frame — the
+/// receiver parses it and verifies its ICRC, the sender stamps it from the QP's template with
+/// the payload and the ICRC (docs/performance.md, "Real datapaths").
+fn write64(c: &mut Criterion) {
+    let (r, frame) = write_frame(Opcode::RC_RDMA_WRITE_ONLY, 64);
+    assert_eq!(frame.len(), 138);
+    let mut g = c.benchmark_group("write64");
+    g.throughput(Throughput::Elements(1));
+    let mut owned = frame.clone();
+    let end = owned.len();
+    g.bench_function("icrc_in_place", |b| {
+        b.iter(|| {
+            black_box(icrc::compute_in_place(
+                black_box(&mut owned),
+                14,
+                20,
+                false,
+                end,
+            ))
+        })
+    });
+    let mut rx = frame.clone();
+    g.bench_function("parse+icrc_check_in_place", |b| {
+        b.iter(|| {
+            let (p, ok) = parse_frame_in_place(black_box(&mut rx)).unwrap();
+            black_box((p.bth.psn, p.ext.reth, p.payload.len(), ok))
+        })
+    });
+    let t = HeaderTemplate::new(&r);
+    let data = vec![0xabu8; 64];
+    let mut buf = vec![0u8; 2048];
+    g.bench_function("template_build+icrc", |b| {
+        b.iter(|| {
+            black_box(
+                t.emit(black_box(&mut buf), 7, &r.bth, &r.ext, 64, |d| {
+                    d.copy_from_slice(&data)
+                })
+                .unwrap(),
+            )
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, parse, build, icrc_vs_plain, write64);
 criterion_main!(benches);
