@@ -28,8 +28,6 @@ use std::time::Duration;
 
 /// The UDP source port of the peer's frames (any port fixed per flow will do: Annex A17.5.1.1).
 const PEER_SPORT: u16 = 0xc0de;
-/// The GSI Q_Key, in the DETH of every MAD to or from QP1 (IBTA 13.5.1).
-pub const GSI_QKEY: QKey = QKey(0x8001_0000);
 
 /// A frame to send, as values; [`Craft::build`] turns it into bytes.
 #[derive(Debug, Clone)]
@@ -280,7 +278,7 @@ impl Peer {
     /// GSI Q_Key, IBTA 13.5.3.3).
     pub fn craft_mad(&self, mad: &[u8; MAD_LEN]) -> Craft {
         self.craft(Opcode::UD_SEND_ONLY, Qpn::GSI, Psn::new(0))
-            .deth(GSI_QKEY, Qpn::GSI)
+            .deth(QKey::GSI, Qpn::GSI)
             .payload(mad)
     }
 

@@ -366,7 +366,7 @@ impl CmAgent {
             _ => {}
         }
         self.conns.remove(&id.0);
-        self.events.retain(|e| event_id(e) != id);
+        self.events.retain(|e| e.id() != id);
     }
 
     /// A MAD that arrived on QP1 from `from`.
@@ -588,13 +588,16 @@ impl CmAgent {
     }
 }
 
-fn event_id(e: &CmEvent) -> CommId {
-    match e {
-        CmEvent::ConnectRequest { id, .. }
-        | CmEvent::Established { id, .. }
-        | CmEvent::Rejected { id, .. }
-        | CmEvent::Disconnected { id }
-        | CmEvent::Timeout { id } => *id,
+impl CmEvent {
+    /// The connection the event is about.
+    pub fn id(&self) -> CommId {
+        match self {
+            CmEvent::ConnectRequest { id, .. }
+            | CmEvent::Established { id, .. }
+            | CmEvent::Rejected { id, .. }
+            | CmEvent::Disconnected { id }
+            | CmEvent::Timeout { id } => *id,
+        }
     }
 }
 
@@ -647,15 +650,21 @@ mod tests {
         }
     }
 
+    /// A connects to B's service; B has seen the REQ. The two ends' ids.
+    fn requested(a: &mut CmAgent, b: &mut CmAgent, sid: ServiceId, t: Nanos) -> (CommId, CommId) {
+        let ida = a.connect(t, b.local_ip, sid, &params(0x11, 100));
+        pump(a, b, t, false);
+        let Some(CmEvent::ConnectRequest { id: idb, .. }) = b.poll_event() else {
+            panic!("no REQ reported");
+        };
+        (ida, idb)
+    }
+
     #[test]
     fn dreq_for_an_unknown_connection_gets_a_drep() {
         let (mut a, mut b, sid) = two();
         let t = Nanos(0);
-        let ida = a.connect(t, b.local_ip, sid, &params(0x11, 100));
-        pump(&mut a, &mut b, t, false);
-        let Some(CmEvent::ConnectRequest { id: idb, .. }) = b.poll_event() else {
-            panic!("no REQ reported");
-        };
+        let (ida, idb) = requested(&mut a, &mut b, sid, t);
         b.accept(t, idb, &params(0x22, 200)).unwrap();
         pump(&mut a, &mut b, t, false);
         // B forgets everything (a restart); A's DREQ still gets its DREP.
@@ -720,11 +729,7 @@ mod tests {
         let (mut a, mut b, sid) = two();
         let t = Nanos(0);
         // Established: one DREQ, then nothing is left to retransmit.
-        let ida = a.connect(t, b.local_ip, sid, &params(0x11, 100));
-        pump(&mut a, &mut b, t, false);
-        let Some(CmEvent::ConnectRequest { id: idb, .. }) = b.poll_event() else {
-            panic!("no REQ reported");
-        };
+        let (ida, idb) = requested(&mut a, &mut b, sid, t);
         b.accept(t, idb, &params(0x22, 200)).unwrap();
         pump(&mut a, &mut b, t, false);
         assert!(matches!(b.poll_event(), Some(CmEvent::Established { .. })));
@@ -745,11 +750,7 @@ mod tests {
         assert_eq!(b.poll_event(), None);
         // REP sent, no RTU yet: a REJ that names the REP.
         let (mut a, mut b, sid) = two();
-        let ida = a.connect(t, b.local_ip, sid, &params(0x11, 100));
-        pump(&mut a, &mut b, t, false);
-        let Some(CmEvent::ConnectRequest { id: idb, .. }) = b.poll_event() else {
-            panic!("no REQ reported");
-        };
+        let (ida, idb) = requested(&mut a, &mut b, sid, t);
         b.accept(t, idb, &params(0x22, 200)).unwrap();
         let (_, _rep) = b.poll_transmit().expect("a REP");
         b.close(idb);

@@ -5,8 +5,6 @@ use rocemu_emulator::rnic::*;
 use rocemu_emulator::sim::{Pair, Side, IP_B, MAC_B};
 use rocemu_wire::{QKey, Qpn};
 
-const GSI_QKEY: u32 = 0x8001_0000;
-
 fn gsi(r: &mut Rnic) -> (Qpn, CqId, MrInfo) {
     let pd = r.alloc_pd();
     let cq = r.create_cq(16).unwrap();
@@ -27,7 +25,7 @@ fn gsi(r: &mut Rnic) -> (Qpn, CqId, MrInfo) {
     ));
     let mut a = QpAttr {
         qp_state: QpState::Init,
-        qkey: QKey(GSI_QKEY),
+        qkey: QKey::GSI,
         port_num: 1,
         ..Default::default()
     };

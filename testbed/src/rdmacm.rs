@@ -22,7 +22,6 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
 /// The GSI Q_Key (IBTA 13.5.1).
-const GSI_QKEY: u32 = 0x8001_0000;
 const GRH: usize = 40;
 const MAD_RECVS: usize = 16;
 /// How long a CM step (an answer to a REQ, a REQ on a listener) may take.
@@ -96,37 +95,13 @@ impl Cm {
             sq_sig_all: true,
         };
         let qpn = r.create_gsi_qp(pd, init).map_err(|e| e.to_string())?;
-        let mut a = QpAttr {
-            qp_state: QpState::Init,
-            qkey: QKey(GSI_QKEY),
-            port_num: 1,
-            ..Default::default()
-        };
-        use QpAttrMask as M;
-        r.modify_qp(qpn, &a, M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY)
-            .map_err(|e| e.to_string())?;
-        a.qp_state = QpState::Rtr;
-        r.modify_qp(qpn, &a, M::STATE).map_err(|e| e.to_string())?;
-        a.qp_state = QpState::Rts;
-        r.modify_qp(qpn, &a, M::STATE | M::SQ_PSN)
-            .map_err(|e| e.to_string())?;
+        r.ready_gsi_qp(qpn).map_err(|e| e.to_string())?;
         let gsi = Gsi { qpn, cq, mr };
         for i in 0..MAD_RECVS {
             post_mad_recv(r, &gsi, i)?;
         }
         let ip = r.ips()[0];
-        let mac = r.mac().0;
-        // The node GUID the way Linux derives it for rxe: the MAC as a modified EUI-64.
-        let guid = u64::from_be_bytes([
-            mac[0] ^ 2,
-            mac[1],
-            mac[2],
-            0xff,
-            0xfe,
-            mac[3],
-            mac[4],
-            mac[5],
-        ]);
+        let guid = r.node_guid();
         let seed = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default()
@@ -210,7 +185,7 @@ impl Cm {
         wr.ud = Some(UdDest {
             ah: AhAttr::to(to, mac),
             remote_qpn: Qpn::new(1),
-            remote_qkey: QKey(GSI_QKEY),
+            remote_qkey: QKey::GSI,
         });
         ep.rnic
             .post_send(self.gsi.qpn, wr)
@@ -246,7 +221,7 @@ impl Cm {
     fn wait_for(&mut self, ep: &mut Endpoint, id: CommId, what: &str) -> Result<CmEvent, String> {
         let t = Instant::now();
         loop {
-            if let Some(e) = self.take(|e| event_id(e) == id) {
+            if let Some(e) = self.take(|e| e.id() == id) {
                 return Ok(e);
             }
             if t.elapsed() > CM_TIMEOUT {
@@ -476,16 +451,6 @@ fn accepted(me: &RcSide, req: &ReqRepr) -> RcSide {
         responder_resources: me.responder_resources.min(req.initiator_depth),
         initiator_depth: me.initiator_depth.min(req.responder_resources),
         ..*me
-    }
-}
-
-fn event_id(e: &CmEvent) -> CommId {
-    match e {
-        CmEvent::ConnectRequest { id, .. }
-        | CmEvent::Established { id, .. }
-        | CmEvent::Rejected { id, .. }
-        | CmEvent::Disconnected { id }
-        | CmEvent::Timeout { id } => *id,
     }
 }
 

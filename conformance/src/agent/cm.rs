@@ -34,7 +34,6 @@ use std::collections::VecDeque;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 /// The GSI Q_Key (IBTA 13.5.1).
-const GSI_QKEY: QKey = QKey(0x8001_0000);
 /// A UD receive starts with the 40-byte GRH area.
 const GRH: usize = 40;
 const RECVS: usize = 32;
@@ -117,42 +116,14 @@ impl CmService {
             sq_sig_all: true,
         };
         let gsi_qpn = rnic.create_gsi_qp(pd, init).map_err(verbs("QP1"))?;
-        let mut a = QpAttr {
-            qp_state: QpState::Init,
-            qkey: GSI_QKEY,
-            port_num: 1,
-            ..Default::default()
-        };
-        use QpAttrMask as M;
-        let up = rnic
-            .modify_qp(gsi_qpn, &a, M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY)
-            .and_then(|()| {
-                a.qp_state = QpState::Rtr;
-                rnic.modify_qp(gsi_qpn, &a, M::STATE)
-            })
-            .and_then(|()| {
-                a.qp_state = QpState::Rts;
-                rnic.modify_qp(gsi_qpn, &a, M::STATE | M::SQ_PSN)
-            });
-        if let Err(e) = up {
+        if let Err(e) = rnic.ready_gsi_qp(gsi_qpn) {
             let _ = rnic.destroy_qp(gsi_qpn);
             return Err(verbs("QP1 to RTS")(e));
         }
         let cq = rnic
             .create_cq(4 * MAX_CONNECTIONS)
             .map_err(verbs("the connections' CQ"))?;
-        let mac = rnic.mac().0;
-        // The node GUID as Linux derives it for rxe: the MAC as a modified EUI-64.
-        let guid = u64::from_be_bytes([
-            mac[0] ^ 2,
-            mac[1],
-            mac[2],
-            0xff,
-            0xfe,
-            mac[3],
-            mac[4],
-            mac[5],
-        ]);
+        let guid = rnic.node_guid();
         let seed = rnic.random_u64();
         let ip = rnic.ips()[0];
         let s = CmService {
@@ -469,7 +440,7 @@ impl CmService {
                     ..Default::default()
                 },
                 remote_qpn: Qpn::GSI,
-                remote_qkey: GSI_QKEY,
+                remote_qkey: QKey::GSI,
             });
             if rnic.post_send(self.gsi_qpn, wr).is_ok() {
                 self.busy[slot] = true;

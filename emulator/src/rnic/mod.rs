@@ -316,6 +316,11 @@ impl Rnic {
     pub fn mac(&self) -> Mac {
         self.dev.cfg.mac
     }
+    /// The node GUID, as Linux derives it for rxe: the MAC as a modified EUI-64.
+    pub fn node_guid(&self) -> u64 {
+        let m = self.dev.cfg.mac.0;
+        u64::from_be_bytes([m[0] ^ 2, m[1], m[2], 0xff, 0xfe, m[3], m[4], m[5]])
+    }
     /// The GID at `index` (`ibv_query_gid`).
     pub fn gid(&self, index: usize) -> Option<Gid> {
         self.dev.cfg.ips.get(index).map(|ip| Gid::from_ip(*ip))
@@ -464,6 +469,23 @@ impl Rnic {
         self.qps.push(Some(Qp::new(qpn, pd, &init)));
         self.live_qps += 1;
         Ok(qpn)
+    }
+
+    /// QP1 to RTS as the kernel brings up its GSI QP: INIT with the well-known Q_Key
+    /// ([`QKey::GSI`](rocemu_wire::QKey::GSI)) on port 1, then RTR and RTS.
+    pub fn ready_gsi_qp(&mut self, qpn: Qpn) -> Result<(), VerbsError> {
+        let mut a = QpAttr {
+            qp_state: QpState::Init,
+            qkey: rocemu_wire::QKey::GSI,
+            port_num: 1,
+            ..Default::default()
+        };
+        use QpAttrMask as M;
+        self.modify_qp(qpn, &a, M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY)?;
+        a.qp_state = QpState::Rtr;
+        self.modify_qp(qpn, &a, M::STATE)?;
+        a.qp_state = QpState::Rts;
+        self.modify_qp(qpn, &a, M::STATE | M::SQ_PSN)
     }
 
     /// QP1, the general services interface (IBTA 13.5.1): a UD QP where management datagrams
