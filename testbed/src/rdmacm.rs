@@ -18,7 +18,7 @@ use rocemu_wire::cm::{
 use rocemu_wire::mad::MAD_LEN;
 use rocemu_wire::{Psn, QKey, Qpn};
 use std::collections::VecDeque;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs};
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
 /// The GSI Q_Key (IBTA 13.5.1).
@@ -518,17 +518,4 @@ fn post_mad_recv(r: &mut Rnic, g: &Gsi, i: usize) -> Result<(), String> {
         },
     )
     .map_err(|e| e.to_string())
-}
-
-/// The sender's address from a UD receive's GRH area (IPv4: 20 zero bytes, then its header).
-fn grh_source(g: &[u8]) -> Option<IpAddr> {
-    if g[..20].iter().all(|&b| b == 0) && g[20] >> 4 == 4 {
-        Some(IpAddr::V4(Ipv4Addr::new(g[32], g[33], g[34], g[35])))
-    } else if g[0] >> 4 == 6 {
-        let mut a = [0u8; 16];
-        a.copy_from_slice(&g[8..24]);
-        Some(IpAddr::V6(Ipv6Addr::from(a)))
-    } else {
-        None
-    }
 }

@@ -22,8 +22,8 @@ use super::{AgentError, AgentResult, CmConn, CmConnState};
 use rocemu_emulator::cm::{CmAgent, CmEvent, ConnParams};
 use rocemu_emulator::rnic::mr::MrInfo;
 use rocemu_emulator::rnic::{
-    Access, AhAttr, CqId, Gid, Mtu, PdId, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType,
-    RecvWr, Rnic, SendWr, Sge, UdDest, WcStatus, WrOpcode,
+    grh_source, Access, AhAttr, CqId, Gid, Mtu, PdId, QpAttr, QpAttrMask, QpCap, QpInitAttr,
+    QpState, QpType, RecvWr, Rnic, SendWr, Sge, UdDest, WcStatus, WrOpcode,
 };
 use rocemu_emulator::sim::{bring_up, ConnectOpts};
 use rocemu_emulator::Nanos;
@@ -31,7 +31,7 @@ use rocemu_wire::cm::{CommId, PortSpace, RejReason, ReqRepr, ServiceId, ServiceT
 use rocemu_wire::mad::MAD_LEN;
 use rocemu_wire::{Psn, QKey, Qpn};
 use std::collections::VecDeque;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::IpAddr;
 
 /// The GSI Q_Key (IBTA 13.5.1).
 /// A UD receive starts with the 40-byte GRH area.
@@ -479,21 +479,5 @@ fn mtu_code(m: Mtu) -> u8 {
         1024 => 3,
         2048 => 4,
         _ => 5,
-    }
-}
-
-/// The sender's address from a UD receive's GRH area (IPv4: 20 zero bytes, then its header).
-fn grh_source(g: &[u8]) -> Option<IpAddr> {
-    if g.len() < GRH {
-        return None;
-    }
-    if g[..20].iter().all(|&b| b == 0) && g[20] >> 4 == 4 {
-        Some(IpAddr::V4(Ipv4Addr::new(g[32], g[33], g[34], g[35])))
-    } else if g[0] >> 4 == 6 {
-        let mut a = [0u8; 16];
-        a.copy_from_slice(&g[8..24]);
-        Some(IpAddr::V6(Ipv6Addr::from(a)))
-    } else {
-        None
     }
 }

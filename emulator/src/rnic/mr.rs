@@ -137,24 +137,31 @@ impl MemTable {
     /// The index of the region with L_Key `lkey`.
     #[inline]
     fn lkey_index(&self, lkey: u32) -> Option<usize> {
-        let (k, i) = self.last_lkey.get();
-        if k == lkey && matches!(self.mrs.get(i), Some(Some(m)) if m.info.lkey == lkey) {
-            return Some(i);
-        }
-        let &i = self.by_lkey.get(&lkey)?;
-        self.last_lkey.set((lkey, i));
-        Some(i)
+        self.index(lkey, &self.last_lkey, &self.by_lkey, |m| m.lkey)
     }
 
     /// The index of the region with R_Key `rkey` (valid or invalidated).
     #[inline]
     fn rkey_index(&self, rkey: u32) -> Option<usize> {
-        let (k, i) = self.last_rkey.get();
-        if k == rkey && matches!(self.mrs.get(i), Some(Some(m)) if m.info.rkey == rkey) {
+        self.index(rkey, &self.last_rkey, &self.by_rkey, |m| m.rkey)
+    }
+
+    /// A lookup of `key` in `map`, through the one-entry `cache`; `key_of` names the key a
+    /// region carries, against which a cached entry is checked.
+    #[inline]
+    fn index(
+        &self,
+        key: u32,
+        cache: &Cell<(u32, usize)>,
+        map: &KeyMap<usize>,
+        key_of: fn(&MrInfo) -> u32,
+    ) -> Option<usize> {
+        let (k, i) = cache.get();
+        if k == key && matches!(self.mrs.get(i), Some(Some(m)) if key_of(&m.info) == key) {
             return Some(i);
         }
-        let &i = self.by_rkey.get(&rkey)?;
-        self.last_rkey.set((rkey, i));
+        let &i = map.get(&key)?;
+        cache.set((key, i));
         Some(i)
     }
 

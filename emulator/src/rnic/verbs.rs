@@ -588,6 +588,26 @@ pub enum WcOpcode {
     RecvRdmaWithImm,
 }
 
+/// The sender's address from the 40-byte GRH area at the head of a UD receive (completed with
+/// `WcFlags::GRH`): the IPv6 header, or for IPv4 20 zero bytes and then the IPv4 header, as the
+/// responder writes it (rdma-core's RoCEv2 convention). `None` for anything else.
+pub fn grh_source(area: &[u8]) -> Option<IpAddr> {
+    if area.len() < 40 {
+        return None;
+    }
+    if area[..20].iter().all(|&b| b == 0) && area[20] >> 4 == 4 {
+        Some(IpAddr::V4(Ipv4Addr::new(
+            area[32], area[33], area[34], area[35],
+        )))
+    } else if area[0] >> 4 == 6 {
+        let mut a = [0u8; 16];
+        a.copy_from_slice(&area[8..24]);
+        Some(IpAddr::V6(Ipv6Addr::from(a)))
+    } else {
+        None
+    }
+}
+
 /// `ibv_wc_flags`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct WcFlags(pub u32);
