@@ -863,19 +863,7 @@ impl Rnic {
             }
         }
         let signaled = qp.sq_sig_all || wr.flags.contains(SendFlags::SIGNALED);
-        let mut wqe = SendWqe {
-            wr,
-            len,
-            first_psn: Psn::new(0),
-            npkts: 0,
-            started: false,
-            resp_pkts: 0,
-            read_base: 0,
-            rd_counted: false,
-            done: false,
-            signaled,
-            error: None,
-        };
+        let mut wqe = SendWqe::new(wr, len, signaled);
         if qp.state == QpState::Err {
             wqe.error = Some(WcStatus::WrFlushErr);
             let wc = requester::wc_for(qp, &wqe, WcStatus::WrFlushErr);

@@ -31,6 +31,23 @@ pub(crate) struct SendWqe {
 }
 
 impl SendWqe {
+    /// A WQE as posted: `len` bytes, not started yet.
+    pub fn new(wr: SendWr, len: u64, signaled: bool) -> SendWqe {
+        SendWqe {
+            wr,
+            len,
+            first_psn: Psn::new(0),
+            npkts: 0,
+            started: false,
+            resp_pkts: 0,
+            read_base: 0,
+            rd_counted: false,
+            done: false,
+            signaled,
+            error: None,
+        }
+    }
+
     pub fn last_psn(&self) -> Psn {
         self.first_psn.add(self.npkts.saturating_sub(1))
     }
@@ -402,19 +419,7 @@ mod tests {
         } else {
             WrOpcode::Send
         };
-        SendWqe {
-            wr: SendWr::new(id, op, Vec::new()),
-            len: 0,
-            first_psn: Psn::new(0),
-            npkts: 0,
-            started: false,
-            resp_pkts: 0,
-            read_base: 0,
-            rd_counted: false,
-            done: false,
-            signaled: true,
-            error: None,
-        }
+        SendWqe::new(SendWr::new(id, op, Vec::new()), 0, true)
     }
 
     /// Against VecDeque, through pushes, pops, drops and growth across the wrap.
