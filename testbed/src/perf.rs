@@ -51,6 +51,16 @@ pub fn signaled(i: u64, cq_mod: usize, iters: u64) -> bool {
     i % cq_mod as u64 == cq_mod as u64 - 1 || i + 1 == iters
 }
 
+/// The work requests a completion of work request `i` (0-based) covers, given `done` of them
+/// completed already: completions come in order per QP, so it covers every unsignaled one before
+/// it. Counts them into `done` and out of `outstanding`, and returns how many.
+pub fn cover(i: u64, done: &mut u64, outstanding: &mut usize) -> u64 {
+    let n = (i + 1).saturating_sub(*done);
+    *done += n;
+    *outstanding = outstanding.saturating_sub(n as usize);
+    n
+}
+
 /// What to run (perftest's flags).
 #[derive(Debug, Clone)]
 pub struct Opts {
@@ -530,11 +540,11 @@ pub fn run_bw(o: &Opts) -> Result<Report, String> {
                 }
             }
             if let Some(c) = conns.get_mut((w.wr_id >> POS_SHIFT) as usize) {
-                // Completions come in order per QP: this one covers every unsignaled work
-                // request before it.
-                let covered = ((w.wr_id & ((1 << POS_SHIFT) - 1)) + 1).saturating_sub(c.done);
-                c.done += covered;
-                c.outstanding = c.outstanding.saturating_sub(covered as usize);
+                cover(
+                    w.wr_id & ((1 << POS_SHIFT) - 1),
+                    &mut c.done,
+                    &mut c.outstanding,
+                );
             }
         }
         if o.test == Test::Send {

@@ -1410,12 +1410,8 @@ pub(crate) fn run_client(
                 first_error
                     .get_or_insert_with(|| format!("{:?} on QP {:#x}", wc.status, q.qpn.value()));
             }
-            // Completions come in order per QP: this one covers every unsignaled work request
-            // before it.
-            let covered = ((wc.wr_id & ((1 << WR_QP_SHIFT) - 1)) + 1).saturating_sub(done[qi]);
-            done[qi] += covered;
-            outstanding[qi] = outstanding[qi].saturating_sub(covered as usize);
-            completed += covered;
+            let i = wc.wr_id & ((1 << WR_QP_SHIFT) - 1);
+            completed += crate::perf::cover(i, &mut done[qi], &mut outstanding[qi]);
         }
         if errors > 0 {
             break;
