@@ -351,7 +351,9 @@ impl State {
                 self.stats.neighbours_learnt += 1;
                 rnic.set_neighbor(ip, mac);
             }
-            Learnt::Refreshed => {}
+            // The RNIC's copy forgets the neighbours confirmed longest ago when it is full:
+            // a confirmation keeps a live peer in it.
+            Learnt::Refreshed => rnic.set_neighbor(ip, mac),
             Learnt::Refused => self.stats.neighbours_refused += 1,
         }
     }

@@ -16,15 +16,18 @@
 mod completer;
 pub mod mr;
 mod qp;
+mod qpn;
 mod requester;
 mod responder;
 pub mod state;
 pub mod verbs;
 
+use crate::engine::neighbors::Neighbors;
 use crate::rng::Rng;
 use crate::time::Nanos;
 use mr::{MemTable, MrInfo};
 use qp::{Qp, RecvWqe, SendWqe};
+use qpn::{QpnMap, Slots};
 use rocemu_wire::eth::EthernetRepr;
 use rocemu_wire::frame::{IpRepr, ParsedFrame};
 use rocemu_wire::opcode::Transport;
@@ -32,7 +35,7 @@ use rocemu_wire::{
     parse_frame, BthRepr, ExtHeaders, FrameRepr, HeaderTemplate, PKey, Psn, Qpn, ROCEV2_UDP_PORT,
 };
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{BinaryHeap, VecDeque};
 use std::net::IpAddr;
 pub use verbs::*;
 
@@ -102,7 +105,8 @@ pub(crate) struct Dev {
     pub rng: Rng,
     pub mem: MemTable,
     pub cqs: Vec<Option<Cq>>,
-    pub neighbors: HashMap<IpAddr, Mac>,
+    /// The engine's neighbour table as the RNIC last heard it (bounded; see [`Neighbors`]).
+    pub neighbors: Neighbors,
     pub ip_ident: u16,
     pub counters: Counters,
     pub active_mtu: Mtu,
@@ -230,8 +234,7 @@ impl Dev {
     }
 
     pub fn resolve(&self, av: &AhAttr) -> Option<Mac> {
-        av.dmac
-            .or_else(|| self.neighbors.get(&av.dgid.ip()).copied())
+        av.dmac.or_else(|| self.neighbors.pinned(av.dgid.ip()))
     }
 }
 
@@ -239,18 +242,26 @@ impl Dev {
 #[derive(Debug)]
 pub struct Rnic {
     pub(crate) dev: Dev,
+    /// The QP table, indexed by slot ([`qpn`]: slots are reused, bounded by `max_qp`).
     pub(crate) qps: Vec<Option<Qp>>,
     qpn_map: QpnMap,
+    slots: Slots,
     /// The QPN looked up last and its slot: packets and posts come in runs per QP (a message, a
     /// transmit burst), and a hit skips the permutation's four rounds.
     last_slot: std::cell::Cell<(Qpn, usize)>,
     /// The slot of QP1, the general services interface, when one was created.
     gsi: Option<usize>,
     live_qps: usize,
-    tx_sched: VecDeque<usize>,
+    /// QPs with something to send, by slot and QPN: an entry left by a destroyed QP whose slot
+    /// was reused does not act on the new QP.
+    tx_sched: VecDeque<(usize, Qpn)>,
     /// Packets the QP at the head of the schedule may still send before the next QP's turn.
     burst_left: u32,
-    timers: BinaryHeap<Reverse<(Nanos, usize)>>,
+    /// Deadlines by slot and QPN, as `tx_sched`.
+    timers: BinaryHeap<Reverse<(Nanos, usize, Qpn)>>,
+    /// Entries of `timers` left by destroyed QPs: the heap is rebuilt without them when they
+    /// are many (a destroyed QP's far-off retransmit deadline would otherwise stay for hours).
+    stale_timers: usize,
     attr: DeviceAttr,
 }
 
@@ -290,19 +301,21 @@ impl Rnic {
                 rng,
                 mem: MemTable::default(),
                 cqs: Vec::new(),
-                neighbors: HashMap::new(),
+                neighbors: Neighbors::default(),
                 ip_ident: 0,
                 counters: Counters::default(),
                 active_mtu,
             },
             qps: Vec::new(),
             qpn_map: QpnMap::new(&mut rng_for_qpns),
+            slots: Slots::default(),
             last_slot: std::cell::Cell::new((Qpn::new(0), 0)),
             gsi: None,
             live_qps: 0,
             tx_sched: VecDeque::new(),
             burst_left: TX_BURST,
             timers: BinaryHeap::new(),
+            stale_timers: 0,
             attr: DEVICE_ATTR,
         }
     }
@@ -335,9 +348,23 @@ impl Rnic {
     pub fn counters(&self) -> Counters {
         self.dev.counters
     }
-    /// Tells the RNIC the MAC of a peer address (the engine's neighbour table feeds this).
+    /// Tells the RNIC the MAC of a peer address (the engine's neighbour table feeds this, on
+    /// every confirmation; a program may set static entries). The RNIC keeps at most
+    /// [`Neighbors::CAPACITY`], forgetting those confirmed longest ago.
     pub fn set_neighbor(&mut self, ip: IpAddr, mac: Mac) {
-        self.dev.neighbors.insert(ip, mac);
+        self.dev.neighbors.pin(ip, mac);
+    }
+    /// The MAC the RNIC holds for `ip`.
+    pub fn neighbor(&self, ip: IpAddr) -> Option<Mac> {
+        self.dev.neighbors.pinned(ip)
+    }
+    /// How many neighbours the RNIC holds.
+    pub fn neighbor_count(&self) -> usize {
+        self.dev.neighbors.len()
+    }
+    /// The QP table's size in slots (live QPs and free slots): what its memory grows with.
+    pub fn qp_slots(&self) -> usize {
+        self.qps.len()
     }
     /// A draw from the device's seeded generator, for what sits beside the core and must be
     /// as hard to guess as its keys: a connection manager's starting PSNs and communication IDs.
@@ -449,25 +476,32 @@ impl Rnic {
 
     // ---- QP ----------------------------------------------------------------------------
 
-    /// `ibv_create_qp`. The QPN is drawn at random (never 0 or 1, which are reserved).
+    /// `ibv_create_qp`. The QPN looks random (never 0 or 1, which are reserved); see [`qpn`].
     pub fn create_qp(&mut self, pd: PdId, init: QpInitAttr) -> Result<Qpn, VerbsError> {
         self.check_qp_init(pd, &init)?;
-        // The QPN is the slot's image under a keyed permutation of the 24-bit space: it looks
-        // random (QPNs must not be guessable) and maps back to its slot without a hash lookup.
-        // Slots whose image is QP0 or QP1 (reserved) stay empty.
-        let qpn = loop {
-            let slot = self.qps.len() as u32;
-            if slot >= 1 << 24 {
-                return Err(VerbsError::NoSpace("QPN space exhausted"));
-            }
-            let q = self.qpn_map.encode(slot);
-            if q > 1 {
-                break Qpn::new(q);
-            }
-            self.qps.push(None);
-        };
-        self.qps.push(Some(Qp::new(qpn, pd, &init)));
+        self.insert_qp(pd, &init, None)
+    }
+
+    /// Puts a new QP in a slot (a free one, or a new one) with the slot's next QPN, or `fixed`.
+    fn insert_qp(
+        &mut self,
+        pd: PdId,
+        init: &QpInitAttr,
+        fixed: Option<Qpn>,
+    ) -> Result<Qpn, VerbsError> {
+        let (slot, qpn) = self
+            .slots
+            .alloc(&self.qpn_map, fixed)
+            .ok_or(VerbsError::NoSpace("max_qp reached"))?;
+        if self.qps.len() < self.slots.len() {
+            self.qps.resize_with(self.slots.len(), || None);
+        }
+        debug_assert!(self.qps[slot].is_none());
+        self.qps[slot] = Some(Qp::new(qpn, pd, init));
         self.live_qps += 1;
+        if fixed == Some(Qpn::GSI) {
+            self.gsi = Some(slot);
+        }
         Ok(qpn)
     }
 
@@ -502,15 +536,7 @@ impl Rnic {
             return Err(VerbsError::NoSpace("QP1 exists already"));
         }
         self.check_qp_init(pd, &init)?;
-        let slot = self.qps.len();
-        if slot >= 1 << 24 {
-            return Err(VerbsError::NoSpace("QPN space exhausted"));
-        }
-        let qpn = Qpn::new(1);
-        self.qps.push(Some(Qp::new(qpn, pd, &init)));
-        self.gsi = Some(slot);
-        self.live_qps += 1;
-        Ok(qpn)
+        self.insert_qp(pd, &init, Some(Qpn::GSI))
     }
 
     fn check_qp_init(&self, pd: PdId, init: &QpInitAttr) -> Result<(), VerbsError> {
@@ -542,16 +568,18 @@ impl Rnic {
     }
 
     fn slot_of(&self, qpn: Qpn) -> Option<usize> {
-        if qpn.value() == 1 {
+        if qpn == Qpn::GSI {
             return self
                 .gsi
-                .filter(|&s| matches!(self.qps.get(s), Some(Some(_))));
+                .filter(|&s| matches!(self.qps.get(s), Some(Some(q)) if q.qpn == qpn));
         }
         let (last, s) = self.last_slot.get();
         if last == qpn && matches!(self.qps.get(s), Some(Some(q)) if q.qpn == qpn) {
             return Some(s);
         }
-        let s = self.qpn_map.decode(qpn.value()) as usize;
+        // The QP in the slot must carry this very QPN: a destroyed QP's QPN names its slot
+        // still, where another generation may live now.
+        let s = self.qpn_map.slot(qpn);
         match self.qps.get(s) {
             Some(Some(q)) if q.qpn == qpn => {
                 self.last_slot.set((qpn, s));
@@ -575,7 +603,23 @@ impl Rnic {
     /// `ibv_destroy_qp`.
     pub fn destroy_qp(&mut self, qpn: Qpn) -> Result<(), VerbsError> {
         let s = self.slot(qpn)?;
-        self.qps[s] = None;
+        if let Some(qp) = self.qps[s].take() {
+            // Its timer entries stay in the heap until they come up (and then act on nothing:
+            // they carry this QPN); when they are many, the heap is rebuilt without them.
+            self.stale_timers +=
+                usize::from(qp.ack_pushed.is_some()) + usize::from(qp.rnr_pushed.is_some());
+            if self.stale_timers > 1024 && self.stale_timers * 2 > self.timers.len() {
+                let qps = &self.qps;
+                self.timers.retain(
+                    |Reverse((_, s, q))| matches!(qps.get(*s), Some(Some(p)) if p.qpn == *q),
+                );
+                self.stale_timers = 0;
+            }
+        }
+        if self.gsi == Some(s) {
+            self.gsi = None;
+        }
+        self.slots.release(s);
         self.live_qps -= 1;
         Ok(())
     }
@@ -1012,10 +1056,14 @@ impl Rnic {
     /// The next frame to send, written at the front of `buf` (which should hold the Ethernet
     /// MTU plus 18 bytes); its length, or `None` when there is nothing to send now.
     pub fn poll_transmit(&mut self, now: Nanos, buf: &mut [u8]) -> Option<usize> {
-        while let Some(slot) = self.tx_sched.pop_front() {
+        while let Some((slot, qpn)) = self.tx_sched.pop_front() {
             let Some(qp) = self.qps.get_mut(slot).and_then(Option::as_mut) else {
                 continue;
             };
+            if qp.qpn != qpn {
+                // Left by a destroyed QP; the slot's new QP has its own entry when it needs one.
+                continue;
+            }
             qp.scheduled = false;
             let mut n = None;
             // Responses first (they free the peer's resources); each failed attempt consumes
@@ -1034,7 +1082,7 @@ impl Rnic {
                     if more && self.burst_left > 1 {
                         self.burst_left -= 1;
                         qp.scheduled = true;
-                        self.tx_sched.push_front(slot);
+                        self.tx_sched.push_front((slot, qpn));
                         self.refresh_timers(slot);
                     } else {
                         self.burst_left = TX_BURST;
@@ -1064,45 +1112,62 @@ impl Rnic {
     /// deadline that moved later is found out when its old entry comes up): calling
     /// `handle_timeout` then does nothing but re-arm.
     pub fn poll_timeout(&mut self) -> Option<Nanos> {
-        while let Some(&Reverse((t, slot))) = self.timers.peek() {
-            if self.timer_armed(slot) {
+        while let Some(&Reverse((t, slot, qpn))) = self.timers.peek() {
+            if self.timer_armed(slot, qpn) {
                 return Some(t);
             }
             self.timers.pop();
-            self.forget_timer(t, slot);
+            self.forget_timer(t, slot, qpn);
         }
         None
     }
 
+    /// The live QP an entry of `timers` or `tx_sched` is for: none when that QP was destroyed
+    /// (another may live in its slot now).
+    fn entry_qp(&mut self, slot: usize, qpn: Qpn) -> Option<&mut Qp> {
+        self.qps
+            .get_mut(slot)
+            .and_then(Option::as_mut)
+            .filter(|q| q.qpn == qpn)
+    }
+
     /// A heap entry left: the QP's deadline must be pushed again if it is still set.
-    fn forget_timer(&mut self, t: Nanos, slot: usize) {
-        if let Some(qp) = self.qps.get_mut(slot).and_then(Option::as_mut) {
-            if qp.ack_pushed == Some(t) {
-                qp.ack_pushed = None;
+    fn forget_timer(&mut self, t: Nanos, slot: usize, qpn: Qpn) {
+        match self.entry_qp(slot, qpn) {
+            Some(qp) => {
+                if qp.ack_pushed == Some(t) {
+                    qp.ack_pushed = None;
+                }
+                if qp.rnr_pushed == Some(t) {
+                    qp.rnr_pushed = None;
+                }
             }
-            if qp.rnr_pushed == Some(t) {
-                qp.rnr_pushed = None;
-            }
+            None => self.stale_timers = self.stale_timers.saturating_sub(1),
         }
     }
 
-    fn timer_armed(&self, slot: usize) -> bool {
+    fn timer_armed(&self, slot: usize, qpn: Qpn) -> bool {
         match self.qps.get(slot).and_then(Option::as_ref) {
-            Some(qp) => qp.ack_deadline.is_some() || qp.rnr_deadline.is_some(),
-            None => false,
+            Some(qp) if qp.qpn == qpn => qp.ack_deadline.is_some() || qp.rnr_deadline.is_some(),
+            _ => false,
         }
     }
 
     /// Serves every deadline at or before `now`. Calling it again with the same `now` does
     /// nothing more.
     pub fn handle_timeout(&mut self, now: Nanos) {
-        while let Some(&Reverse((t, slot))) = self.timers.peek() {
+        while let Some(&Reverse((t, slot, qpn))) = self.timers.peek() {
             if t > now {
                 break;
             }
             self.timers.pop();
-            self.forget_timer(t, slot);
-            let Some(qp) = self.qps.get_mut(slot).and_then(Option::as_mut) else {
+            self.forget_timer(t, slot, qpn);
+            let Some(qp) = self
+                .qps
+                .get_mut(slot)
+                .and_then(Option::as_mut)
+                .filter(|q| q.qpn == qpn)
+            else {
                 continue;
             };
             let due = [qp.ack_deadline, qp.rnr_deadline]
@@ -1125,7 +1190,7 @@ impl Rnic {
         };
         if !qp.scheduled && (!qp.resp_out.is_empty() || qp.has_request_work()) {
             qp.scheduled = true;
-            self.tx_sched.push_back(slot);
+            self.tx_sched.push_back((slot, qp.qpn));
         }
         self.refresh_timers(slot);
     }
@@ -1145,49 +1210,10 @@ impl Rnic {
             if let Some(t) = d {
                 if pushed.is_none_or(|p| t < p) {
                     *pushed = Some(t);
-                    self.timers.push(Reverse((t, slot)));
+                    self.timers.push(Reverse((t, slot, qp.qpn)));
                 }
             }
         }
-    }
-}
-
-/// A keyed permutation of the 24-bit QPN space (a four-round Feistel network on two 12-bit
-/// halves): slot i gets QPN `encode(i)`, and a packet's QPN maps back to its slot in a few
-/// arithmetic operations.
-#[derive(Debug, Clone)]
-pub(crate) struct QpnMap {
-    keys: [u32; 4],
-}
-
-impl QpnMap {
-    fn new(rng: &mut Rng) -> QpnMap {
-        QpnMap {
-            keys: [
-                rng.next_u32(),
-                rng.next_u32(),
-                rng.next_u32(),
-                rng.next_u32(),
-            ],
-        }
-    }
-    fn f(x: u32, k: u32) -> u32 {
-        let v = (x ^ k).wrapping_mul(0x9e37_79b1);
-        (v ^ (v >> 15) ^ (k >> 12)) & 0xfff
-    }
-    fn encode(&self, x: u32) -> u32 {
-        let (mut l, mut r) = ((x >> 12) & 0xfff, x & 0xfff);
-        for &k in &self.keys {
-            (l, r) = (r, l ^ Self::f(r, k));
-        }
-        l << 12 | r
-    }
-    fn decode(&self, y: u32) -> u32 {
-        let (mut l, mut r) = ((y >> 12) & 0xfff, y & 0xfff);
-        for &k in self.keys.iter().rev() {
-            (l, r) = (r ^ Self::f(l, k), l);
-        }
-        l << 12 | r
     }
 }
 
@@ -1223,24 +1249,3 @@ pub(crate) fn flush(dev: &mut Dev, qp: &mut Qp) {
 }
 
 pub(crate) type Packet<'a> = ParsedFrame<'a>;
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn qpn_map_is_a_permutation_of_the_24_bit_space() {
-        let m = QpnMap::new(&mut Rng::new(3));
-        let mut seen = vec![false; 1 << 24];
-        for x in 0..1u32 << 24 {
-            let y = m.encode(x);
-            assert!(y < 1 << 24);
-            assert!(!seen[y as usize], "{x} collides");
-            seen[y as usize] = true;
-            assert_eq!(m.decode(y), x);
-        }
-        // Consecutive slots do not give consecutive QPNs.
-        let v: Vec<u32> = (0..8).map(|x| m.encode(x)).collect();
-        assert!(v.windows(2).all(|w| w[0].abs_diff(w[1]) > 1), "{v:x?}");
-    }
-}

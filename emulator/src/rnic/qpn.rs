@@ -1,0 +1,187 @@
+//! QP numbers and the QP table's slots.
+//!
+//! A QPN is the image of (generation, slot) under a keyed permutation of the 24-bit space: it
+//! looks random (QPNs must not be guessable, ReDMArk), and maps back to its slot in a few
+//! arithmetic operations, without a hash lookup. The low [`SLOT_BITS`] bits of the permutation's
+//! input are the slot (enough for `max_qp` QPs), the high bits the slot's generation.
+//!
+//! Invariants:
+//! * the table never holds more than [`MAX_SLOTS`] slots, whatever the number of creations;
+//! * a destroyed QP's slot is reused only with the next generation, so the QPN differs, and
+//!   the QP found through a QPN is the one whose own QPN it is (the caller checks
+//!   `qp.qpn == qpn`): a stale QPN reaches nothing;
+//! * a freed slot waits until [`FREE_RESERVE`] slots are free (or the table is full) before it
+//!   is used again, so that a tight create/destroy loop cycles through many slots and a QPN
+//!   comes back only after `FREE_RESERVE × 2^GEN_BITS` creations (Linux allocates QPNs
+//!   cyclically for the same reason);
+//! * QPNs 0 and 1 (the special QPs: QP1 is created apart, with its fixed number) and 0xFFFFFF
+//!   (multicast) are never handed out: an input whose image is one of them is skipped by moving to the next
+//!   generation.
+use crate::rng::Rng;
+use rocemu_wire::Qpn;
+use std::collections::VecDeque;
+
+/// Bits of the permutation's input that select the slot.
+pub(crate) const SLOT_BITS: u32 = 17;
+/// The most slots the table ever holds.
+pub(crate) const MAX_SLOTS: usize = 1 << SLOT_BITS;
+const GEN_BITS: u32 = 24 - SLOT_BITS;
+const GEN_MASK: u8 = (1 << GEN_BITS) - 1;
+/// Free slots kept before the oldest of them is reused.
+pub(crate) const FREE_RESERVE: usize = 256;
+
+/// A keyed permutation of the 24-bit QPN space (a four-round Feistel network on two 12-bit
+/// halves).
+#[derive(Debug, Clone)]
+pub(crate) struct QpnMap {
+    keys: [u32; 4],
+}
+
+impl QpnMap {
+    pub fn new(rng: &mut Rng) -> QpnMap {
+        QpnMap {
+            keys: [
+                rng.next_u32(),
+                rng.next_u32(),
+                rng.next_u32(),
+                rng.next_u32(),
+            ],
+        }
+    }
+    fn f(x: u32, k: u32) -> u32 {
+        let v = (x ^ k).wrapping_mul(0x9e37_79b1);
+        (v ^ (v >> 15) ^ (k >> 12)) & 0xfff
+    }
+    fn encode(&self, x: u32) -> u32 {
+        let (mut l, mut r) = ((x >> 12) & 0xfff, x & 0xfff);
+        for &k in &self.keys {
+            (l, r) = (r, l ^ Self::f(r, k));
+        }
+        l << 12 | r
+    }
+    fn decode(&self, y: u32) -> u32 {
+        let (mut l, mut r) = ((y >> 12) & 0xfff, y & 0xfff);
+        for &k in self.keys.iter().rev() {
+            (l, r) = (r ^ Self::f(l, k), l);
+        }
+        l << 12 | r
+    }
+    /// The QPN of generation `gen` of `slot`.
+    fn qpn(&self, slot: usize, gen: u8) -> u32 {
+        self.encode(u32::from(gen) << SLOT_BITS | slot as u32)
+    }
+    /// The slot `qpn` names, if it were live (the caller checks the QP there has this QPN).
+    pub fn slot(&self, qpn: Qpn) -> usize {
+        (self.decode(qpn.value()) as usize) & (MAX_SLOTS - 1)
+    }
+}
+
+fn reserved(q: u32) -> bool {
+    q <= 1 || q == Qpn::MULTICAST.value()
+}
+
+/// Which slots exist, which are free, and each slot's generation.
+#[derive(Debug, Default)]
+pub(crate) struct Slots {
+    /// The generation of each slot's current (or next) QP.
+    gens: Vec<u8>,
+    /// Free slots, the longest free first.
+    free: VecDeque<u32>,
+}
+
+impl Slots {
+    /// How many slots exist.
+    pub fn len(&self) -> usize {
+        self.gens.len()
+    }
+
+    /// A slot for a new QP, and its QPN (`fixed`: QP1's, whatever the slot). A new slot when
+    /// fewer than [`FREE_RESERVE`] are free and the table has room, else the longest free.
+    /// The caller grows its table to [`Slots::len`].
+    pub fn alloc(&mut self, map: &QpnMap, fixed: Option<Qpn>) -> Option<(usize, Qpn)> {
+        let slot = if self.free.len() < FREE_RESERVE && self.gens.len() < MAX_SLOTS {
+            self.gens.push(0);
+            self.gens.len() - 1
+        } else {
+            self.free.pop_front()? as usize
+        };
+        if let Some(q) = fixed {
+            return Some((slot, q));
+        }
+        loop {
+            let q = map.qpn(slot, self.gens[slot]);
+            if !reserved(q) {
+                return Some((slot, Qpn::new(q)));
+            }
+            self.gens[slot] = (self.gens[slot] + 1) & GEN_MASK;
+        }
+    }
+
+    /// `slot`'s QP is gone: the slot is free, for the next generation.
+    pub fn release(&mut self, slot: usize) {
+        self.gens[slot] = (self.gens[slot] + 1) & GEN_MASK;
+        self.free.push_back(slot as u32);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn qpn_map_is_a_permutation_of_the_24_bit_space() {
+        let m = QpnMap::new(&mut Rng::new(3));
+        let mut seen = vec![false; 1 << 24];
+        for x in 0..1u32 << 24 {
+            let y = m.encode(x);
+            assert!(y < 1 << 24);
+            assert!(!seen[y as usize], "{x} collides");
+            seen[y as usize] = true;
+            assert_eq!(m.decode(y), x);
+        }
+        // Consecutive slots do not give consecutive QPNs.
+        let v: Vec<u32> = (0..8).map(|x| m.encode(x)).collect();
+        assert!(v.windows(2).all(|w| w[0].abs_diff(w[1]) > 1), "{v:x?}");
+    }
+
+    #[test]
+    fn every_generation_of_a_slot_has_its_own_qpn_and_decodes_to_the_slot() {
+        let m = QpnMap::new(&mut Rng::new(5));
+        for slot in [0, 1, 77, MAX_SLOTS - 1] {
+            let qpns: std::collections::HashSet<u32> =
+                (0..=GEN_MASK).map(|g| m.qpn(slot, g)).collect();
+            assert_eq!(qpns.len(), 1 << GEN_BITS);
+            for q in qpns {
+                assert_eq!(m.slot(Qpn::new(q)), slot);
+            }
+        }
+    }
+
+    #[test]
+    fn slots_stay_bounded_and_are_reused_in_fifo_order() {
+        let m = QpnMap::new(&mut Rng::new(7));
+        let mut s = Slots::default();
+        let mut last = Vec::new();
+        for _ in 0..100_000 {
+            let (slot, q) = s.alloc(&m, None).unwrap();
+            assert!(!reserved(q.value()));
+            assert_eq!(m.slot(q), slot);
+            last.push(q);
+            s.release(slot);
+        }
+        assert_eq!(s.len(), FREE_RESERVE);
+        // A QPN comes back only after FREE_RESERVE × 2^GEN_BITS creations.
+        let n = FREE_RESERVE << GEN_BITS;
+        let recent: std::collections::HashSet<_> = last[last.len() - n..].iter().collect();
+        assert_eq!(recent.len(), n);
+        // A full table reuses its free slots.
+        let mut s = Slots::default();
+        for _ in 0..MAX_SLOTS {
+            s.alloc(&m, None).unwrap();
+        }
+        assert_eq!(s.alloc(&m, None), None);
+        s.release(42);
+        assert_eq!(s.alloc(&m, None).map(|(slot, _)| slot), Some(42));
+        assert_eq!(s.len(), MAX_SLOTS);
+    }
+}
