@@ -53,6 +53,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     lo.a.post_send(a.qp, SendWr::new(1, WrOpcode::Send, vec![sge]))?;
     let (sent, got) = tokio::join!(lo.a.next_wc(a.cq), lo.b.next_wc(b.cq));
+    let (sent, got) = (sent?, got?);
     let mut text = vec![0u8; got.byte_len as usize];
     lo.b.read_mr(b.mr.lkey, 0, &mut text)?;
     println!(
@@ -79,6 +80,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     lo.a.post_send(a.qp, SendWr::new(2, w, vec![sge]))?;
     let (sent, got) = tokio::join!(lo.a.next_wc(a.cq), lo.b.next_wc(b.cq));
+    let (sent, got) = (sent?, got?);
     let mut back = vec![0u8; msg.len()];
     lo.b.read_mr(b.mr.lkey, 8192, &mut back)?;
     println!(
@@ -101,7 +103,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         };
         lo.a.post_send(a.qp, SendWr::new(10 + i, op, vec![local]))?;
     }
-    let wcs = lo.a.wait_wcs(a.cq, 10).await;
+    let wcs = lo.a.wait_wcs(a.cq, 10).await?;
     let mut counter = [0u8; 8];
     lo.b.read_mr(b.mr.lkey, 16384, &mut counter)?;
     let value = u64::from_le_bytes(counter);

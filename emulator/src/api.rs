@@ -14,7 +14,7 @@
 //! let pd = lo.a.alloc_pd();
 //! let cq = lo.a.create_cq(64)?;
 //! // … create and connect QPs (see examples/async_verbs.rs), then:
-//! let wc = lo.a.next_wc(cq).await;
+//! let wc = lo.a.next_wc(cq).await?;
 //! assert_eq!(wc.status, WcStatus::Success);
 //! # let _ = pd; Ok(()) }
 //! ```
@@ -132,30 +132,39 @@ impl Device {
         Ok(())
     }
 
-    /// Waits for the next completion on `cq` (an awaitable `ibv_poll_cq`).
-    pub async fn next_wc(&self, cq: CqId) -> Wc {
+    /// `ibv_get_async_event` without blocking: the oldest event not yet taken.
+    pub fn poll_async_event(&self) -> Option<AsyncEvent> {
+        self.lock().poll_async_event()
+    }
+
+    /// Waits for the next completion on `cq` (an awaitable `ibv_poll_cq`). Fails when the CQ
+    /// is in error (it overflowed: no completion would ever come) or does not exist.
+    pub async fn next_wc(&self, cq: CqId) -> Result<Wc, VerbsError> {
+        let mut v = Vec::with_capacity(1);
         loop {
             // Registered before looking, so that a completion between the look and the wait
             // still wakes this task.
             let woken = self.shared.progress.notified();
-            if let Some(wc) = self.lock().poll_cq(cq, 1).pop() {
-                return wc;
+            if self.lock().try_poll_cq(cq, 1, &mut v)? > 0 {
+                if let Some(wc) = v.pop() {
+                    return Ok(wc);
+                }
             }
             woken.await;
         }
     }
 
-    /// Waits for `n` completions on `cq`.
-    pub async fn wait_wcs(&self, cq: CqId, n: usize) -> Vec<Wc> {
+    /// Waits for `n` completions on `cq`; fails as [`Device::next_wc`] does.
+    pub async fn wait_wcs(&self, cq: CqId, n: usize) -> Result<Vec<Wc>, VerbsError> {
         let mut v = Vec::with_capacity(n);
         while v.len() < n {
             let woken = self.shared.progress.notified();
-            let got = self.lock().poll_cq_into(cq, n - v.len(), &mut v);
+            let got = self.lock().try_poll_cq(cq, n - v.len(), &mut v)?;
             if got == 0 {
                 woken.await;
             }
         }
-        v
+        Ok(v)
     }
 
     pub(crate) fn wake(&self) {

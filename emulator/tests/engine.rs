@@ -128,6 +128,7 @@ fn rc_between_a_polled_engine_and_a_threaded_device() {
         tokio::time::timeout(Duration::from_secs(10), dev_b.next_wc(cq_b))
             .await
             .expect("B's receive completes")
+            .expect("B's CQ is fine")
     });
     assert_eq!(
         (wc.wr_id, wc.status, wc.byte_len),

@@ -65,14 +65,14 @@ fn a_reused_slot_gets_a_new_qpn() {
 fn a_stale_qpn_does_not_reach_the_new_qp() {
     let mut p = Pair::new(11, Impairments::none());
     let o = ConnectOpts::default();
-    let (qa, mra) = {
+    let (qa, cqa, mra) = {
         let a = p.rnic(Side::A);
         let pd = a.alloc_pd();
         let cq = a.create_cq(16).unwrap();
         let mr = a.reg_mr(pd, 4096, Access::LOCAL_WRITE).unwrap();
         let q = a.create_qp(pd, QpInitAttr::new(QpType::Ud, cq)).unwrap();
         bring_up(a, q, Qpn::new(0), IP_B, o.psn_a, o.psn_b, &o).unwrap();
-        (q, mr)
+        (q, cq, mr)
     };
     let b = p.rnic(Side::B);
     let pd = b.alloc_pd();
@@ -128,6 +128,9 @@ fn a_stale_qpn_does_not_reach_the_new_qp() {
         });
         p.a.post_send(qa, wr).unwrap();
         p.drive(10_000).unwrap();
+        let w = p.a.poll_cq(cqa, 16);
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert_eq!(w[0].status, WcStatus::Success);
     };
     let before = p.b.counters().rx_no_qp;
     for (i, &q) in stale.iter().enumerate() {

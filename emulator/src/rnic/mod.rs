@@ -87,10 +87,18 @@ pub struct Counters {
     pub rx_no_qp: u64,
     pub rx_dropped: u64,
     pub cnp_received: u64,
+    /// Completions lost to a full CQ, or to a CQ in error since.
     pub cq_overflows: u64,
+    /// Asynchronous events dropped because nobody polled them ([`ASYNC_EVENTS_MAX`] queued).
+    pub async_events_dropped: u64,
 }
 
-/// A completion queue.
+/// Asynchronous events kept for [`Rnic::poll_async_event`]; later ones are counted and dropped.
+pub const ASYNC_EVENTS_MAX: usize = 4096;
+
+/// A completion queue. Once a completion finds it full it is in error for good (`overflowed`),
+/// as with rxe (`rxe_cq_post` raises `IB_EVENT_CQ_ERR` and fails): the completions queued
+/// before stay pollable, later ones are lost (counted), and the QPs on it go to ERR.
 #[derive(Debug)]
 pub(crate) struct Cq {
     pub q: VecDeque<Wc>,
@@ -110,17 +118,34 @@ pub(crate) struct Dev {
     pub ip_ident: u16,
     pub counters: Counters,
     pub active_mtu: Mtu,
+    /// CQs that went to error and whose QPs the RNIC has not moved to ERR yet (it does so before
+    /// the entry point that overflowed them returns).
+    pub failed_cqs: Vec<CqId>,
+    /// For `ibv_get_async_event`; at most [`ASYNC_EVENTS_MAX`].
+    pub async_events: VecDeque<AsyncEvent>,
 }
 
 impl Dev {
     pub fn push_wc(&mut self, cq: CqId, wc: Wc) {
         if let Some(Some(c)) = self.cqs.get_mut(cq.0 as usize) {
-            if c.q.len() >= c.depth {
+            if c.overflowed {
+                self.counters.cq_overflows += 1;
+            } else if c.q.len() >= c.depth {
                 c.overflowed = true;
                 self.counters.cq_overflows += 1;
+                self.failed_cqs.push(cq);
+                self.raise(AsyncEvent::CqErr(cq));
             } else {
                 c.q.push_back(wc);
             }
+        }
+    }
+
+    pub fn raise(&mut self, e: AsyncEvent) {
+        if self.async_events.len() >= ASYNC_EVENTS_MAX {
+            self.counters.async_events_dropped += 1;
+        } else {
+            self.async_events.push_back(e);
         }
     }
 
@@ -305,6 +330,8 @@ impl Rnic {
                 ip_ident: 0,
                 counters: Counters::default(),
                 active_mtu,
+                failed_cqs: Vec::new(),
+                async_events: VecDeque::new(),
             },
             qps: Vec::new(),
             qpn_map: QpnMap::new(&mut rng_for_qpns),
@@ -472,6 +499,58 @@ impl Rnic {
     /// True when the CQ lost completions because it was full (`IBV_EVENT_CQ_ERR`).
     pub fn cq_overflowed(&self, cq: CqId) -> bool {
         matches!(self.dev.cqs.get(cq.0 as usize), Some(Some(c)) if c.overflowed)
+    }
+
+    /// The CQ's error, when it is in error ([`VerbsError::CqOverrun`]).
+    pub fn cq_error(&self, cq: CqId) -> Option<VerbsError> {
+        match self.dev.cqs.get(cq.0 as usize) {
+            Some(Some(c)) if c.overflowed => Some(VerbsError::CqOverrun { cq, depth: c.depth }),
+            _ => None,
+        }
+    }
+
+    /// `ibv_poll_cq` that reports a CQ in error: the completions queued before the overflow
+    /// first, then the error (as `ibv_poll_cq` returns a negative value on a CQ in error).
+    /// Callers that wait for completions poll with this, so that an overflow ends the wait.
+    pub fn try_poll_cq(
+        &mut self,
+        cq: CqId,
+        max: usize,
+        out: &mut Vec<Wc>,
+    ) -> Result<usize, VerbsError> {
+        if !matches!(self.dev.cqs.get(cq.0 as usize), Some(Some(_))) {
+            return Err(VerbsError::NotFound("completion queue"));
+        }
+        match self.poll_cq_into(cq, max, out) {
+            0 => self.cq_error(cq).map_or(Ok(0), Err),
+            n => Ok(n),
+        }
+    }
+
+    /// `ibv_get_async_event` without blocking: the oldest event not yet taken.
+    pub fn poll_async_event(&mut self) -> Option<AsyncEvent> {
+        self.dev.async_events.pop_front()
+    }
+
+    /// Moves the QPs on CQs that went to error to ERR (`IBV_EVENT_QP_FATAL`): their outstanding
+    /// work requests are flushed (the completions meant for the failed CQ are lost; those for
+    /// a QP's other CQ arrive there). Flushing may overflow another CQ: repeated until none is
+    /// left. Called before every entry point that can complete work returns.
+    fn settle_cq_errors(&mut self) {
+        while let Some(cq) = self.dev.failed_cqs.pop() {
+            for slot in 0..self.qps.len() {
+                let Some(qp) = self.qps[slot].as_mut() else {
+                    continue;
+                };
+                if (qp.send_cq == cq || qp.recv_cq == cq)
+                    && !matches!(qp.state, QpState::Err | QpState::Reset)
+                {
+                    flush(&mut self.dev, qp);
+                    let qpn = qp.qpn;
+                    self.dev.raise(AsyncEvent::QpFatal(qpn));
+                }
+            }
+        }
     }
 
     // ---- QP ----------------------------------------------------------------------------
@@ -828,6 +907,7 @@ impl Rnic {
         };
         qp.peer_ip = qp.attr.ah_attr.dgid.ip();
         self.refresh(slot);
+        self.settle_cq_errors();
         Ok(())
     }
 
@@ -912,6 +992,7 @@ impl Rnic {
             wqe.error = Some(WcStatus::WrFlushErr);
             let wc = requester::wc_for(qp, &wqe, WcStatus::WrFlushErr);
             self.dev.push_wc(qp.send_cq, wc);
+            self.settle_cq_errors();
             return Ok(());
         }
         if qp.qp_type == QpType::Ud && len > qp.mtu().max(self.dev.active_mtu.bytes() as u64) {
@@ -951,6 +1032,7 @@ impl Rnic {
         if qp.state == QpState::Err {
             let wc = responder::recv_wc(qp, &wqe, WcStatus::WrFlushErr, 0);
             self.dev.push_wc(qp.recv_cq, wc);
+            self.settle_cq_errors();
             return Ok(());
         }
         qp.rq.push_back(wqe);
@@ -1051,11 +1133,22 @@ impl Rnic {
             responder::handle(&mut self.dev, qp, now, pkt);
         }
         self.refresh(slot);
+        if !self.dev.failed_cqs.is_empty() {
+            self.settle_cq_errors();
+        }
     }
 
     /// The next frame to send, written at the front of `buf` (which should hold the Ethernet
     /// MTU plus 18 bytes); its length, or `None` when there is nothing to send now.
     pub fn poll_transmit(&mut self, now: Nanos, buf: &mut [u8]) -> Option<usize> {
+        let n = self.transmit(now, buf);
+        if !self.dev.failed_cqs.is_empty() {
+            self.settle_cq_errors();
+        }
+        n
+    }
+
+    fn transmit(&mut self, now: Nanos, buf: &mut [u8]) -> Option<usize> {
         while let Some((slot, qpn)) = self.tx_sched.pop_front() {
             let Some(qp) = self.qps.get_mut(slot).and_then(Option::as_mut) else {
                 continue;
@@ -1179,6 +1272,9 @@ impl Rnic {
             }
             // Re-arms whatever is still set (a deadline that moved later than its entry).
             self.refresh(slot);
+        }
+        if !self.dev.failed_cqs.is_empty() {
+            self.settle_cq_errors();
         }
     }
 

@@ -659,6 +659,16 @@ pub struct DeviceAttr {
     pub max_pkeys: u16,
 }
 
+/// An asynchronous event (`ibv_get_async_event`), named after `ibv_event_type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AsyncEvent {
+    /// `IBV_EVENT_CQ_ERR`: the CQ overflowed and is in error.
+    CqErr(CqId),
+    /// `IBV_EVENT_QP_FATAL`: the QP went to ERR for a reason it cannot report in a completion
+    /// (here: its CQ is in error).
+    QpFatal(Qpn),
+}
+
 /// Why a verb was refused (the errno a real provider would return, in words).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum VerbsError {
@@ -670,6 +680,9 @@ pub enum VerbsError {
     NotFound(&'static str),
     /// EBUSY: the object is still in use.
     Busy(&'static str),
+    /// The CQ was full when a completion came: it is in error (`IBV_EVENT_CQ_ERR`), its
+    /// completions since are lost and the QPs on it are in ERR.
+    CqOverrun { cq: CqId, depth: usize },
 }
 
 impl fmt::Display for VerbsError {
@@ -679,6 +692,13 @@ impl fmt::Display for VerbsError {
             VerbsError::NoSpace(s) => write!(f, "no space: {s}"),
             VerbsError::NotFound(s) => write!(f, "not found: {s}"),
             VerbsError::Busy(s) => write!(f, "busy: {s}"),
+            VerbsError::CqOverrun { cq, depth } => write!(
+                f,
+                "CQ overflow: CQ {} (depth {depth}) was full when a completion came; it is in \
+                 error, completions were lost and its QPs are in ERR (IBV_EVENT_CQ_ERR): \
+                 poll it more often or make it deeper",
+                cq.0
+            ),
         }
     }
 }
