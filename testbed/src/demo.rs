@@ -72,7 +72,14 @@ impl Ctx {
             p.a.poll_cq_into(cq_a, 1 << 20, &mut wa);
             p.b.poll_cq_into(cq_b, 1 << 20, &mut wb);
             wa.len() >= want_a && wb.len() >= want_b
+                || p.a.cq_overflowed(cq_a)
+                || p.b.cq_overflowed(cq_b)
         })?;
+        for (r, cq) in [(&self.p.a, cq_a), (&self.p.b, cq_b)] {
+            if let Some(e) = r.cq_error(cq) {
+                return Err(e.to_string());
+            }
+        }
         self.p.drive(1_000_000)?;
         self.p.a.poll_cq_into(cq_a, 1 << 20, &mut wa);
         self.p.b.poll_cq_into(cq_b, 1 << 20, &mut wb);

@@ -524,7 +524,7 @@ pub fn run_bw(o: &Opts) -> Result<Report, String> {
         bed.pump();
         // One CQ per side for every QP: completions name their QP.
         wcs.clear();
-        bed.a.poll_cq_into(cqa, 1 << 16, &mut wcs);
+        crate::poll_wcs(&mut bed.a, cqa, 1 << 16, &mut wcs)?;
         for w in &wcs {
             if w.status != WcStatus::Success {
                 errors += 1;
@@ -549,7 +549,7 @@ pub fn run_bw(o: &Opts) -> Result<Report, String> {
         }
         if o.test == Test::Send {
             wcs.clear();
-            bed.b.poll_cq_into(cqb, 1 << 16, &mut wcs);
+            crate::poll_wcs(&mut bed.b, cqb, 1 << 16, &mut wcs)?;
             let msg = o.size.max(8);
             let mem = bed.b.mr_bytes(conns[0].mrb.lkey).unwrap();
             for w in &wcs {
@@ -659,7 +659,7 @@ fn wait_client(bed: &mut Bed, conns: &mut [Conn], want: u64) -> Result<u64, Stri
     while got < need {
         bed.pump();
         wcs.clear();
-        bed.a.poll_cq_into(cq, 1 << 16, &mut wcs);
+        crate::poll_wcs(&mut bed.a, cq, 1 << 16, &mut wcs)?;
         got += wcs.len() as u64;
         errors += wcs.iter().filter(|w| w.status != WcStatus::Success).count() as u64;
         if t.elapsed().as_secs_f64() > 60.0 {
@@ -817,7 +817,7 @@ pub fn run_lat(o: &Opts) -> Result<Report, String> {
                         bed.pump();
                         wcs.clear();
                         let r = if from_a { &mut bed.b } else { &mut bed.a };
-                        r.poll_cq_into(rcq, 8, &mut wcs);
+                        crate::poll_wcs(r, rcq, 8, &mut wcs)?;
                         // the receive completion (send completions on the same CQ are skipped)
                         if let Some(w) = wcs.iter().find(|w| w.opcode == WcOpcode::Recv) {
                             errors += (w.status != WcStatus::Success) as u64;
@@ -841,7 +841,7 @@ pub fn run_lat(o: &Opts) -> Result<Report, String> {
                 loop {
                     bed.pump();
                     wcs.clear();
-                    bed.a.poll_cq_into(c.cqa, 8, &mut wcs);
+                    crate::poll_wcs(&mut bed.a, c.cqa, 8, &mut wcs)?;
                     if !wcs.is_empty() {
                         errors +=
                             wcs.iter().filter(|w| w.status != WcStatus::Success).count() as u64;

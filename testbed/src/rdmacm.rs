@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 /// The GSI Q_Key (IBTA 13.5.1).
 const GRH: usize = 40;
 const MAD_RECVS: usize = 16;
+const MAD_SENDS: usize = 64;
 /// How long a CM step (an answer to a REQ, a REQ on a listener) may take.
 pub(crate) const CM_TIMEOUT: Duration = Duration::from_secs(30);
 const RESOLVE: Duration = Duration::from_secs(5);
@@ -76,7 +77,11 @@ impl Cm {
     pub(crate) fn new(ep: &mut Endpoint) -> Result<Cm, String> {
         let r = &mut ep.rnic;
         let pd = r.alloc_pd();
-        let cq = r.create_cq(2 * MAD_RECVS + 8).map_err(|e| e.to_string())?;
+        // Room for a completion of every send and receive WQE at once: a CQ that overflows
+        // goes to error and takes QP1 with it (IBV_EVENT_CQ_ERR).
+        let cq = r
+            .create_cq(MAD_SENDS + MAD_RECVS + 8)
+            .map_err(|e| e.to_string())?;
         let mr = r
             .reg_mr(pd, (MAD_RECVS + 1) * (GRH + MAD_LEN), Access::LOCAL_WRITE)
             .map_err(|e| e.to_string())?;
@@ -86,7 +91,7 @@ impl Cm {
             recv_cq: cq,
             srq: None,
             cap: QpCap {
-                max_send_wr: 64,
+                max_send_wr: MAD_SENDS as u32,
                 max_recv_wr: MAD_RECVS as u32,
                 max_send_sge: 1,
                 max_recv_sge: 1,
@@ -130,7 +135,8 @@ impl Cm {
         let w = ep.engine.poll(&mut ep.rnic);
         let now = ep.engine.now();
         let mut wcs = Vec::new();
-        ep.rnic.poll_cq_into(self.gsi.cq, 8, &mut wcs);
+        ep.rnic
+            .poll_cq_into(self.gsi.cq, MAD_SENDS + MAD_RECVS, &mut wcs);
         for wc in &wcs {
             if wc.wr_id < ID_MAD_RECV * 1000 {
                 continue; // a send completion

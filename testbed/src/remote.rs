@@ -755,7 +755,7 @@ pub fn pingpong(ep: &mut Endpoint, o: &PingpongOpts) -> Result<PingpongResult, S
     while rcnt < o.iters || scnt < o.iters {
         let w = ep.engine.poll(&mut ep.rnic);
         wcs.clear();
-        let n = ep.rnic.poll_cq_into(c.pd_cq, 16, &mut wcs);
+        let n = crate::poll_wcs(&mut ep.rnic, c.pd_cq, 16, &mut wcs)?;
         if n == 0 {
             ep.engine.idle(w);
             if last_progress.elapsed() > Duration::from_secs(30) {
@@ -1293,7 +1293,7 @@ pub(crate) fn serve_send(ep: &mut Endpoint, o: &PerfOpts, s: &PerfSetup) -> Resu
     while total < want {
         let w = ep.engine.poll(&mut ep.rnic);
         wcs.clear();
-        if ep.rnic.poll_cq_into(s.cq, 64, &mut wcs) == 0 {
+        if crate::poll_wcs(&mut ep.rnic, s.cq, 64, &mut wcs)? == 0 {
             ep.engine.idle(w);
             if last.elapsed() > Duration::from_secs(60) {
                 return Err(format!("no message for 60 s after {total} of {want}"));
@@ -1390,7 +1390,7 @@ pub(crate) fn run_client(
         }
         let w = ep.engine.poll(&mut ep.rnic);
         wcs.clear();
-        let n = ep.rnic.poll_cq_into(s.cq, 64, &mut wcs);
+        let n = crate::poll_wcs(&mut ep.rnic, s.cq, 64, &mut wcs)?;
         if n == 0 {
             ep.engine.idle(w);
             if last.elapsed() > Duration::from_secs(30) {
@@ -1494,11 +1494,12 @@ pub(crate) fn verify(
             .engine
             .run_until(&mut ep.rnic, Duration::from_secs(30), |r| {
                 r.poll_cq_into(cq, 1, &mut wcs);
-                !wcs.is_empty()
+                !wcs.is_empty() || r.cq_overflowed(cq)
             })
         {
             return Ok((false, format!("QP {qi}: the read-back did not complete")));
         }
+        crate::poll_wcs(&mut ep.rnic, cq, 0, &mut wcs)?;
         if wcs[0].status != WcStatus::Success {
             return Ok((
                 false,
@@ -1584,7 +1585,7 @@ pub(crate) fn run_lat(
         let t = Instant::now();
         while got < n {
             wcs.clear();
-            got += ep.rnic.poll_cq_into(s.cq, n - got, &mut wcs);
+            got += crate::poll_wcs(&mut ep.rnic, s.cq, n - got, &mut wcs)?;
             if let Some(w) = wcs.iter().find(|w| w.status != WcStatus::Success) {
                 return Err(format!("{what}: {:?}", w.status));
             }
@@ -1691,7 +1692,7 @@ pub(crate) fn run_lat(
             while rcnt < o.iters || sends_done < scnt {
                 let w = ep.engine.poll(&mut ep.rnic);
                 wcs.clear();
-                if ep.rnic.poll_cq_into(s.cq, 4, &mut wcs) == 0 {
+                if crate::poll_wcs(&mut ep.rnic, s.cq, 4, &mut wcs)? == 0 {
                     ep.engine.idle(w);
                     if t0.elapsed() > deadline * 4 {
                         return Err(format!("send_lat: stalled after {rcnt} messages"));

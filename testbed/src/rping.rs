@@ -140,7 +140,9 @@ struct Seen {
 impl Seen {
     /// Takes the data QP's completions; the first error ends the run.
     fn count(&mut self, r: &mut Rnic, d: &Data) -> Result<(), String> {
-        for wc in r.poll_cq(d.cq, 8) {
+        let mut wcs = Vec::new();
+        crate::poll_wcs(r, d.cq, 8, &mut wcs)?;
+        for wc in wcs {
             if wc.status != WcStatus::Success {
                 return Err(format!(
                     "rping: completion {:?} for wr_id {}",
