@@ -87,6 +87,11 @@ pub struct Args {
     /// -R (with --dev).
     #[arg(short = 'R', long = "rdma-cm", alias = "rdma_cm")]
     rdma_cm: bool,
+    /// Reads/atomics this end accepts outstanding as responder and advertises to the peer, in
+    /// the read and atomic tests (perftest's -o; default 16, at most the device's 128). The
+    /// peer keeps no more than this in flight.
+    #[arg(short = 'o', long = "outs")]
+    outs: Option<u16>,
 }
 
 pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
@@ -111,6 +116,12 @@ pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
     }
     if a.cmp_swap && a.test != TestArg::Atomic {
         return Err("--cmp-swap goes with the atomic test".into());
+    }
+    if a.outs.is_some_and(|n| n == 0 || n > 128) {
+        return Err("-o: outstanding reads/atomics between 1 and 128".into());
+    }
+    if a.outs.is_some() && a.dev.is_none() {
+        return Err("-o goes with --dev (in-process both ends accept 16)".into());
     }
     if a.qp_timeout > 31 {
         return Err("-u: timeout exponent 0…31".into());
@@ -270,6 +281,7 @@ fn run_remote(
         qp_timeout: a.qp_timeout,
         lat: a.lat,
         rdma_cm: a.rdma_cm,
+        out_reads: a.outs,
     };
     let rule = RULE;
     let port = d.ep.engine.port().name();

@@ -250,7 +250,9 @@ fn pp_connect(ep: &mut Endpoint, c: &PpCtx, rem: &PingpongDest, mtu: Mtu) -> Res
     ep.engine.resolve(&mut ep.rnic, peer, RESOLVE)?;
     let o = ConnectOpts {
         mtu,
+        // ibv_rc_pingpong's: one read in flight, one responder resource (it reads nothing).
         max_rd_atomic: 1,
+        max_dest_rd_atomic: 1,
         qkey: rocemu_wire::QKey(UD_PINGPONG_QKEY),
         ..Default::default()
     };
@@ -866,6 +868,10 @@ pub struct PerfOpts {
     pub lat: bool,
     /// perftest's `-R`: connect through rdma_cm and run the exchange on an RC QP of its own.
     pub rdma_cm: bool,
+    /// perftest's `-o`: the reads and atomics this end accepts as responder in the read and
+    /// atomic tests, which it advertises as out_reads (None: [`OUT_READS`]; capped at the
+    /// device's `max_qp_rd_atom`, as perftest does).
+    pub out_reads: Option<u16>,
 }
 
 /// Outstanding reads and atomics per QP that RoCEmu advertises (perftest's out_reads).
@@ -978,11 +984,20 @@ pub(crate) fn perf_setup(r: &mut Rnic, o: &PerfOpts, server: bool) -> Result<Per
     Ok(PerfSetup { cq, mr, qps })
 }
 
-pub(crate) fn dests(ep: &Endpoint, o: &PerfOpts, s: &PerfSetup) -> Vec<PerftestDest> {
-    let out_reads = match o.test {
-        crate::perf::Test::Read | crate::perf::Test::Atomic { .. } => OUT_READS,
+/// The out_reads this end advertises: its own responder resources (`max_dest_rd_atomic`),
+/// which the peer takes as its initiator depth (perftest: 1 in the write and send tests).
+pub(crate) fn own_out_reads(ep: &Endpoint, o: &PerfOpts) -> u16 {
+    match o.test {
+        crate::perf::Test::Read | crate::perf::Test::Atomic { .. } => {
+            let cap = ep.rnic.query_device().max_qp_rd_atom.min(u8::MAX as u32) as u16;
+            o.out_reads.unwrap_or(OUT_READS).clamp(1, cap)
+        }
         _ => 1,
-    };
+    }
+}
+
+pub(crate) fn dests(ep: &Endpoint, o: &PerfOpts, s: &PerfSetup) -> Vec<PerftestDest> {
+    let out_reads = own_out_reads(ep, o);
     s.qps
         .iter()
         .map(|q| PerftestDest {
@@ -1014,11 +1029,22 @@ fn perf_connect(
     }
     let peer = gid_ip(&rem[0].gid, "the peer")?;
     ep.engine.resolve(&mut ep.rnic, peer, RESOLVE)?;
+    // As perftest: this end's responder resources are its own out_reads, the ones it
+    // advertised; its reads in flight are bounded by the peer's (oob.rs). Taking the peer's for
+    // both left a server facing a peer that advertises 1 with one responder resource, so a
+    // retransmitted READ older than the latest found nothing to re-execute from.
+    let own = own_out_reads(ep, o) as u8;
+    let init_cap = ep
+        .rnic
+        .query_device()
+        .max_qp_init_rd_atom
+        .min(u8::MAX as u32) as u16;
     for (q, d) in s.qps.iter().zip(rem) {
         let c = ConnectOpts {
             mtu,
             timeout: o.qp_timeout,
-            max_rd_atomic: (OUT_READS.min(d.out_reads.max(1))) as u8,
+            max_rd_atomic: d.out_reads.clamp(1, init_cap) as u8,
+            max_dest_rd_atomic: own,
             ..Default::default()
         };
         bring_up(
