@@ -4,7 +4,6 @@
 //! out_reads). With one, the server could not re-execute a retransmitted READ older than the
 //! latest: the client's requester timed out. Two endpoints in one process over a pipe, the
 //! server's first READ response lost on the way out.
-mod common;
 use rocemu_emulator::engine::Engine;
 use rocemu_emulator::port::pipe::{pipe, PipePort};
 use rocemu_emulator::port::{Port, PortStats};
@@ -72,6 +71,17 @@ impl Port for LoseFirstReadResponse {
     }
 }
 
+/// Endpoint 10.11.0.`last` (MAC 02:00:00:00:0b:`last`) on `port`, Ethernet MTU 1500.
+fn endpoint(port: Box<dyn Port + Send>, last: u8) -> Endpoint {
+    let ip = IpAddr::V4(Ipv4Addr::new(10, 11, 0, last));
+    let mut cfg = RnicConfig::new(Mac([2, 0, 0, 0, 11, last]), ip, last as u64);
+    cfg.eth_mtu = 1500;
+    Endpoint {
+        rnic: Rnic::new(cfg),
+        engine: Engine::new(port),
+    }
+}
+
 fn opts(server: Option<String>, port: u16, out_reads: Option<u16>) -> PerfOpts {
     PerfOpts {
         test: Test::Read,
@@ -102,23 +112,11 @@ fn a_peer_advertising_one_read_still_gets_its_lost_read_re_executed() {
         lost: lost.clone(),
     };
     let so = opts(None, port, None);
-    let s = std::thread::spawn(move || {
-        let mut cfg = RnicConfig::new(
-            Mac([2, 0, 0, 0, 11, 1]),
-            IpAddr::V4(Ipv4Addr::new(10, 11, 0, 1)),
-            1,
-        );
-        cfg.eth_mtu = 1500;
-        let mut ep = Endpoint {
-            rnic: Rnic::new(cfg),
-            engine: Engine::new(Box::new(server_port)),
-        };
-        perf(&mut ep, &so)
-    });
+    let s = std::thread::spawn(move || perf(&mut endpoint(Box::new(server_port), 1), &so));
     // The client: perftest's `ib_read_bw -o 1`, it accepts one read as responder.
     let mut co = opts(Some("127.0.0.1".into()), port, Some(1));
     co.verify = true;
-    let mut ep: Endpoint = common::endpoint(pb, 11, 2);
+    let mut ep = endpoint(Box::new(pb), 2);
     let c = perf(&mut ep, &co);
     while !s.is_finished() {
         let w = ep.engine.poll(&mut ep.rnic);
