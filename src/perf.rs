@@ -87,6 +87,16 @@ pub struct Args {
     /// -R (with --dev).
     #[arg(short = 'R', long = "rdma-cm", alias = "rdma_cm")]
     rdma_cm: bool,
+    /// Reads/atomics this end accepts outstanding as responder and advertises to the peer, in
+    /// the read and atomic tests (perftest's -o; default 16, at most the device's 128). The
+    /// peer keeps no more than this in flight.
+    #[arg(short = 'o', long = "outs")]
+    outs: Option<u16>,
+    /// Server (with --dev): answer N clients one after another on the same listener, then exit
+    /// (0: until killed); each run prints what a one-client server prints. perftest's servers
+    /// answer one.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    serve: u64,
 }
 
 pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
@@ -111,6 +121,12 @@ pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
     }
     if a.cmp_swap && a.test != TestArg::Atomic {
         return Err("--cmp-swap goes with the atomic test".into());
+    }
+    if a.outs.is_some_and(|n| n == 0 || n > 128) {
+        return Err("-o: outstanding reads/atomics between 1 and 128".into());
+    }
+    if a.outs.is_some() && a.dev.is_none() {
+        return Err("-o goes with --dev (in-process both ends accept 16)".into());
     }
     if a.qp_timeout > 31 {
         return Err("-u: timeout exponent 0…31".into());
@@ -239,6 +255,11 @@ fn run_remote(
     if a.lat && a.verify {
         return Err("--verify goes with the bandwidth tests".into());
     }
+    if a.serve != 1 && (a.server.is_some() || a.rdma_cm) {
+        return Err(
+            "--serve goes on a server (no SERVER) of perftest's TCP exchange (no -R)".into(),
+        );
+    }
     if a.verify && a.server.is_none() {
         return Err("--verify goes on the client (it checks its results through the wire)".into());
     }
@@ -270,15 +291,54 @@ fn run_remote(
         qp_timeout: a.qp_timeout,
         lat: a.lat,
         rdma_cm: a.rdma_cm,
+        out_reads: a.outs,
     };
-    let rule = RULE;
     let port = d.ep.engine.port().name();
     if a.server.is_none() {
         println!("\n************************************\n* Waiting for client to connect... *\n************************************");
     }
+    if a.serve != 1 {
+        let runs = (a.serve != 0).then_some(a.serve);
+        let mut bad = 0u64;
+        let failed = rocemu_testbed::remote::perf_serve(&mut d.ep, &o, runs, |n, out| {
+            let ok = match out {
+                Ok(out) => print_outcome(a, test, &port, &o, out),
+                Err(e) => {
+                    eprintln!("rocemu perf: client {n}: {e}");
+                    false
+                }
+            };
+            bad += u64::from(!ok);
+            // One line per client on stderr, for a supervisor to follow (stdout is the table).
+            eprintln!("rocemu perf: served {n} clients, {bad} failed");
+        });
+        d.ep.engine.finish_recording()?;
+        let failed = failed?;
+        return Ok(if failed == 0 && bad == 0 {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        });
+    }
     let out = rocemu_testbed::remote::perf(&mut d.ep, &o);
     d.ep.engine.finish_recording()?;
     let out = out?;
+    Ok(if print_outcome(a, test, &port, &o, &out) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+/// Prints one run of an end on a datapath as perftest does; true when it succeeded.
+fn print_outcome(
+    a: &Args,
+    test: Test,
+    port: &str,
+    o: &rocemu_testbed::remote::PerfOpts,
+    out: &rocemu_testbed::remote::PerfOutcome,
+) -> bool {
+    let rule = RULE;
     print_header(
         test,
         a.lat,
@@ -309,11 +369,7 @@ fn run_remote(
             println!("{}", r.to_json());
         }
     }
-    Ok(if ok {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    })
+    ok
 }
 
 /// Prints a run's error completions and its verification; true when neither failed.

@@ -59,6 +59,10 @@ pub enum CmEvent {
         id: CommId,
         remote_qpn: Qpn,
         remote_psn: Psn,
+        /// Active side: the REP's responder resources and initiator depth, the reads/atomics
+        /// the passive side accepts and keeps in flight (this end's `max_rd_atomic` is at most
+        /// the first). Passive side: None (it chose its own in [`CmAgent::accept`]).
+        rep_rd_atomic: Option<(u8, u8)>,
     },
     Rejected {
         id: CommId,
@@ -388,6 +392,7 @@ impl CmAgent {
                             id: r.remote_comm_id,
                             remote_qpn: c.remote_qpn,
                             remote_psn: c.remote_psn,
+                            rep_rd_atomic: None,
                         });
                     }
                 }
@@ -529,6 +534,7 @@ impl CmAgent {
                     id: r.remote_comm_id,
                     remote_qpn: r.local_qpn,
                     remote_psn: r.starting_psn,
+                    rep_rd_atomic: Some((r.responder_resources, r.initiator_depth)),
                 });
             }
             // A repeated REP: our RTU was lost.
@@ -699,14 +705,21 @@ mod tests {
             (req.local_qpn, req.starting_psn),
             (Qpn::new(0x11), Psn::new(100))
         );
-        b.accept(t, idb, &params(0x22, 200)).unwrap();
+        let rep = ConnParams {
+            responder_resources: 4,
+            initiator_depth: 2,
+            ..params(0x22, 200)
+        };
+        b.accept(t, idb, &rep).unwrap();
         pump(&mut a, &mut b, t, false);
+        // The active side learns what the passive side accepts (its max_rd_atomic's bound).
         assert_eq!(
             a.poll_event(),
             Some(CmEvent::Established {
                 id: ida,
                 remote_qpn: Qpn::new(0x22),
-                remote_psn: Psn::new(200)
+                remote_psn: Psn::new(200),
+                rep_rd_atomic: Some((4, 2)),
             })
         );
         assert_eq!(
@@ -714,7 +727,8 @@ mod tests {
             Some(CmEvent::Established {
                 id: idb,
                 remote_qpn: Qpn::new(0x11),
-                remote_psn: Psn::new(100)
+                remote_psn: Psn::new(100),
+                rep_rd_atomic: None,
             })
         );
         a.disconnect(t, ida).unwrap();

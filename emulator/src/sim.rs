@@ -187,7 +187,12 @@ pub struct ConnectOpts {
     pub retry_cnt: u8,
     pub rnr_retry: u8,
     pub min_rnr_timer: u8,
+    /// Reads and atomics this end keeps in flight as requester (RTS; the initiator depth):
+    /// at most the peer's `max_dest_rd_atomic`.
     pub max_rd_atomic: u8,
+    /// Reads and atomics this end accepts as responder (RTR; its responder resources, which it
+    /// also keeps for re-executing a duplicate READ): at least the peer's `max_rd_atomic`.
+    pub max_dest_rd_atomic: u8,
     pub access: crate::rnic::Access,
     pub psn_a: rocemu_wire::Psn,
     pub psn_b: rocemu_wire::Psn,
@@ -207,6 +212,7 @@ impl Default for ConnectOpts {
             rnr_retry: 7,
             min_rnr_timer: 12,
             max_rd_atomic: 16,
+            max_dest_rd_atomic: 16,
             access: Access::LOCAL_WRITE
                 | Access::REMOTE_WRITE
                 | Access::REMOTE_READ
@@ -249,7 +255,7 @@ pub fn bring_up(
     a.path_mtu = o.mtu;
     a.dest_qp_num = remote;
     a.rq_psn = their_psn;
-    a.max_dest_rd_atomic = o.max_rd_atomic;
+    a.max_dest_rd_atomic = o.max_dest_rd_atomic;
     a.min_rnr_timer = o.min_rnr_timer;
     a.ah_attr = AhAttr {
         dgid: Gid::from_ip(remote_ip),

@@ -296,7 +296,7 @@ fn invalid_request_receive_buffer_too_small() {
 fn too_many_reads_bed() -> Bed {
     let mut c = BedCfg::new(QpType::Rc);
     c.a.max_rd_atomic = 4;
-    c.b.max_rd_atomic = 1;
+    c.b.max_dest_rd_atomic = 1;
     let mut t = c.build();
     t.fill(B, 0, &[0x3c; 64]);
     let (ra, rk) = t.raddr(B, 0);

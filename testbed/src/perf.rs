@@ -298,7 +298,9 @@ fn setup(o: &Opts) -> Result<(Bed, Vec<Conn>), String> {
         timeout: o.qp_timeout,
         retry_cnt: 7,
         rnr_retry: 7,
+        // Both ends alike: 16 reads in flight, 16 responder resources to answer them.
         max_rd_atomic: 16,
+        max_dest_rd_atomic: 16,
         ..ConnectOpts::default()
     };
     let msg = o.size.max(8);

@@ -34,7 +34,7 @@ use crate::oob::{
 use crate::rdmacm::{server_ip, Cm, RcConn, RcSide, CM_TIMEOUT};
 use crate::remote::{
     data_phase, dests, perf_setup, post_server_recvs, random_psn, Endpoint, Exchange, PerfOpts,
-    PerfOutcome, Step, OUT_READS, RX_DEPTH,
+    PerfOutcome, Step, RX_DEPTH,
 };
 use rocemu_emulator::cm::CmEvent;
 use rocemu_emulator::rnic::mr::MrInfo;
@@ -315,8 +315,12 @@ pub(crate) fn perf(ep: &mut Endpoint, o: &PerfOpts) -> Result<PerfOutcome, Strin
     let mut cm = Cm::new(ep)?;
     let mut ctl = Control::new(ep)?;
     // perftest asks for reads/atomics in flight only in the tests that use them.
+    // Both are this end's out_reads (-o), as perftest fills rdma_conn_param; the CM settles
+    // each side's responder resources and initiator depth from them.
     let reads = match o.test {
-        crate::perf::Test::Read | crate::perf::Test::Atomic { .. } => OUT_READS as u8,
+        crate::perf::Test::Read | crate::perf::Test::Atomic { .. } => {
+            crate::remote::own_out_reads(ep, o) as u8
+        }
         _ => 0,
     };
     let side = |qpn, path_mtu| RcSide {

@@ -282,15 +282,19 @@ impl Cm {
                 CmEvent::Established {
                     remote_qpn,
                     remote_psn,
+                    rep_rd_atomic,
                     ..
                 } => {
-                    // The REP's values are in the agent; the initiator depth the peer granted
-                    // bounds our reads in flight.
+                    // Our reads in flight: no more than we asked for nor than the passive side
+                    // accepts (the REP's responder resources). Our responder resources: the
+                    // ones we offered in the REQ, which bound the REP's initiator depth.
+                    let granted = rep_rd_atomic.map_or(me.initiator_depth, |(rr, _)| rr);
                     let path = Path {
                         peer: server,
                         flow_label,
                     };
-                    rc_up(ep, me, me.initiator_depth, path, remote_qpn, remote_psn)?;
+                    let depth = (me.initiator_depth.min(granted), me.responder_resources);
+                    rc_up(ep, me, depth, path, remote_qpn, remote_psn)?;
                     return Ok(RcConn {
                         id,
                         peer: server,
@@ -350,10 +354,14 @@ impl Cm {
             peer: from,
             flow_label: req.primary_path.flow_label,
         };
+        // What the REP will say: reads in flight no deeper than the active side accepts,
+        // responder resources for as many as it keeps in flight. One value for both (the
+        // smaller) once left the passive side of perftest -R with one responder resource when
+        // the client accepted one read itself.
         rc_up(
             ep,
             &mine,
-            req.responder_resources.min(mine.initiator_depth).max(1),
+            (mine.initiator_depth, mine.responder_resources),
             path,
             req.local_qpn,
             req.starting_psn,
@@ -480,7 +488,7 @@ struct Path {
 fn rc_up(
     ep: &mut Endpoint,
     me: &RcSide,
-    max_rd_atomic: u8,
+    (max_rd_atomic, max_dest_rd_atomic): (u8, u8),
     path: Path,
     remote_qpn: Qpn,
     remote_psn: Psn,
@@ -496,6 +504,7 @@ fn rc_up(
         mtu,
         timeout: me.timeout,
         max_rd_atomic: max_rd_atomic.max(1),
+        max_dest_rd_atomic: max_dest_rd_atomic.max(1),
         flow_label: path.flow_label,
         ..Default::default()
     };

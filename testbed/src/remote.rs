@@ -54,6 +54,20 @@ impl Ctl {
 /// Runs `control` on a thread of its own while this thread turns the engine and runs the jobs
 /// `control` hands it; returns what `control` returned.
 pub fn serve<T: Send>(ep: &mut Endpoint, control: impl FnOnce(Ctl) -> T + Send) -> T {
+    serve_lingering(ep, LINGER, control)
+}
+
+/// How long [`serve`] keeps answering after `control` returned: the last ACKs and answers of a
+/// process about to close its port.
+const LINGER: Duration = Duration::from_millis(100);
+
+/// [`serve`], answering for `linger` after `control` returned. Zero between the steps of one
+/// exchange, whose next step turns the engine again at once.
+pub fn serve_lingering<T: Send>(
+    ep: &mut Endpoint,
+    linger: Duration,
+    control: impl FnOnce(Ctl) -> T + Send,
+) -> T {
     let (tx, rx) = mpsc::channel::<Job>();
     std::thread::scope(|s| {
         let h = s.spawn(move || control(Ctl { tx }));
@@ -67,7 +81,7 @@ pub fn serve<T: Send>(ep: &mut Endpoint, control: impl FnOnce(Ctl) -> T + Send) 
             ep.engine.idle(w);
         }
         // Let the last ACKs and answers leave before the port closes.
-        let until = Instant::now() + Duration::from_millis(100);
+        let until = Instant::now() + linger;
         while Instant::now() < until {
             let w = ep.engine.poll(&mut ep.rnic);
             ep.engine.idle(w);
@@ -250,7 +264,9 @@ fn pp_connect(ep: &mut Endpoint, c: &PpCtx, rem: &PingpongDest, mtu: Mtu) -> Res
     ep.engine.resolve(&mut ep.rnic, peer, RESOLVE)?;
     let o = ConnectOpts {
         mtu,
+        // ibv_rc_pingpong's: one read in flight, one responder resource (it reads nothing).
         max_rd_atomic: 1,
+        max_dest_rd_atomic: 1,
         qkey: rocemu_wire::QKey(UD_PINGPONG_QKEY),
         ..Default::default()
     };
@@ -866,6 +882,10 @@ pub struct PerfOpts {
     pub lat: bool,
     /// perftest's `-R`: connect through rdma_cm and run the exchange on an RC QP of its own.
     pub rdma_cm: bool,
+    /// perftest's `-o`: the reads and atomics this end accepts as responder in the read and
+    /// atomic tests, which it advertises as out_reads (None: [`OUT_READS`]; capped at the
+    /// device's `max_qp_rd_atom`, as perftest does).
+    pub out_reads: Option<u16>,
 }
 
 /// Outstanding reads and atomics per QP that RoCEmu advertises (perftest's out_reads).
@@ -927,6 +947,24 @@ fn server_pattern(vaddr: u64, n: usize) -> Vec<u8> {
 }
 
 pub(crate) fn perf_setup(r: &mut Rnic, o: &PerfOpts, server: bool) -> Result<PerfSetup, String> {
+    let res = perf_resources(r, o, server)?;
+    perf_qps(r, o, server, &res)
+}
+
+/// What a perf end keeps from one run to the next: the PD, the CQ and the MR (perftest makes
+/// one of each per process).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PerfResources {
+    pd: PdId,
+    cq: CqId,
+    mr: MrInfo,
+}
+
+pub(crate) fn perf_resources(
+    r: &mut Rnic,
+    o: &PerfOpts,
+    server: bool,
+) -> Result<PerfResources, String> {
     let pd = r.alloc_pd();
     let depth = if server { RX_DEPTH } else { o.tx_depth };
     let cq = r.create_cq((depth + 8) * o.qps).map_err(verr)?;
@@ -935,6 +973,18 @@ pub(crate) fn perf_setup(r: &mut Rnic, o: &PerfOpts, server: bool) -> Result<Per
     // Latency: the region the peer writes into, then the one this end sends from.
     let len = region * o.qps * if server && !o.lat { 1 } else { 2 };
     let mr = r.reg_mr(pd, len, access_for(server, o.lat)).map_err(verr)?;
+    Ok(PerfResources { pd, cq, mr })
+}
+
+/// One run's QPs on `res`, and the regions filled afresh.
+pub(crate) fn perf_qps(
+    r: &mut Rnic,
+    o: &PerfOpts,
+    server: bool,
+    res: &PerfResources,
+) -> Result<PerfSetup, String> {
+    let PerfResources { pd, cq, mr } = *res;
+    let region = o.region();
     let mut qps = Vec::with_capacity(o.qps);
     for i in 0..o.qps {
         let qpn = r
@@ -955,7 +1005,14 @@ pub(crate) fn perf_setup(r: &mut Rnic, o: &PerfOpts, server: bool) -> Result<Per
                     sq_sig_all: false,
                 },
             )
-            .map_err(verr)?;
+            .map_err(verr);
+        let qpn = match qpn {
+            Ok(q) => q,
+            Err(e) => {
+                destroy_qps(r, &qps);
+                return Err(e);
+            }
+        };
         qps.push(PerfQp {
             qpn,
             psn: random_psn(),
@@ -978,11 +1035,27 @@ pub(crate) fn perf_setup(r: &mut Rnic, o: &PerfOpts, server: bool) -> Result<Per
     Ok(PerfSetup { cq, mr, qps })
 }
 
-pub(crate) fn dests(ep: &Endpoint, o: &PerfOpts, s: &PerfSetup) -> Vec<PerftestDest> {
-    let out_reads = match o.test {
-        crate::perf::Test::Read | crate::perf::Test::Atomic { .. } => OUT_READS,
+/// The out_reads this end advertises: its own responder resources (`max_dest_rd_atomic`),
+/// which the peer takes as its initiator depth (perftest: 1 in the write and send tests).
+pub(crate) fn own_out_reads(ep: &Endpoint, o: &PerfOpts) -> u16 {
+    match o.test {
+        crate::perf::Test::Read | crate::perf::Test::Atomic { .. } => {
+            let cap = ep.rnic.query_device().max_qp_rd_atom.min(u8::MAX as u32) as u16;
+            o.out_reads.unwrap_or(OUT_READS).clamp(1, cap)
+        }
         _ => 1,
-    };
+    }
+}
+
+/// Destroys a run's QPs; a completion of theirs still in the CQ is drained by the next run.
+pub(crate) fn destroy_qps(r: &mut Rnic, qps: &[PerfQp]) {
+    for q in qps {
+        let _ = r.destroy_qp(q.qpn);
+    }
+}
+
+pub(crate) fn dests(ep: &Endpoint, o: &PerfOpts, s: &PerfSetup) -> Vec<PerftestDest> {
+    let out_reads = own_out_reads(ep, o);
     s.qps
         .iter()
         .map(|q| PerftestDest {
@@ -1014,11 +1087,22 @@ fn perf_connect(
     }
     let peer = gid_ip(&rem[0].gid, "the peer")?;
     ep.engine.resolve(&mut ep.rnic, peer, RESOLVE)?;
+    // As perftest: this end's responder resources are its own out_reads, the ones it
+    // advertised; its reads in flight are bounded by the peer's (oob.rs). Taking the peer's for
+    // both left a server facing a peer that advertises 1 with one responder resource, so a
+    // retransmitted READ older than the latest found nothing to re-execute from.
+    let own = own_out_reads(ep, o) as u8;
+    let init_cap = ep
+        .rnic
+        .query_device()
+        .max_qp_init_rd_atom
+        .min(u8::MAX as u32) as u16;
     for (q, d) in s.qps.iter().zip(rem) {
         let c = ConnectOpts {
             mtu,
             timeout: o.qp_timeout,
-            max_rd_atomic: (OUT_READS.min(d.out_reads.max(1))) as u8,
+            max_rd_atomic: d.out_reads.clamp(1, init_cap) as u8,
+            max_dest_rd_atomic: own,
             ..Default::default()
         };
         bring_up(
@@ -1077,30 +1161,98 @@ pub fn perf(ep: &mut Endpoint, o: &PerfOpts) -> Result<PerfOutcome, String> {
         return crate::perftest_cm::perf(ep, o);
     }
     let server = o.server.is_none();
+    let res = perf_resources(&mut ep.rnic, o, server)?;
+    let listener = match server {
+        true => Some(oob::listen(o.port).map_err(|e| e.to_string())?),
+        false => None,
+    };
+    perf_run(ep, o, &res, listener.as_ref(), LINGER)
+}
+
+/// A perf server that answers `runs` clients one after another (None: until killed) on one
+/// TCP listener, one PD, one CQ and one MR; each client gets QPs of its own, destroyed after
+/// its run. `each` sees every run's outcome; a failed run does not end the server. Returns the
+/// runs that failed.
+pub fn perf_serve(
+    ep: &mut Endpoint,
+    o: &PerfOpts,
+    runs: Option<u64>,
+    mut each: impl FnMut(u64, &Result<PerfOutcome, String>),
+) -> Result<u64, String> {
+    if o.server.is_some() || o.rdma_cm {
+        return Err("perf_serve: a TCP-exchange server (no SERVER, no -R)".into());
+    }
+    let res = perf_resources(&mut ep.rnic, o, true)?;
+    let l = oob::listen(o.port).map_err(|e| e.to_string())?;
+    let mut failed = 0;
+    let mut n = 0;
+    let mut wcs = Vec::new();
+    while runs.is_none_or(|r| n < r) {
+        // The engine keeps turning while the next client is awaited: no linger.
+        let out = perf_run(ep, o, &res, Some(&l), Duration::ZERO);
+        n += 1;
+        if out.is_err() {
+            failed += 1;
+        }
+        each(n, &out);
+        // Completions of the destroyed QPs (a send test's receives, flushed or not).
+        while ep.rnic.poll_cq_into(res.cq, 64, &mut wcs) > 0 {
+            wcs.clear();
+        }
+    }
+    Ok(failed)
+}
+
+/// One run of a perf end on resources made before; its QPs are destroyed when it ends, however
+/// it ends. `linger`: how long the last exchange keeps answering before returning.
+fn perf_run(
+    ep: &mut Endpoint,
+    o: &PerfOpts,
+    res: &PerfResources,
+    listener: Option<&TcpListener>,
+    linger: Duration,
+) -> Result<PerfOutcome, String> {
+    let server = o.server.is_none();
+    let setup = perf_qps(&mut ep.rnic, o, server, res)?;
+    let out = perf_exchange(ep, o, &setup, listener, linger);
+    destroy_qps(&mut ep.rnic, &setup.qps);
+    out
+}
+
+fn perf_exchange(
+    ep: &mut Endpoint,
+    o: &PerfOpts,
+    setup: &PerfSetup,
+    listener: Option<&TcpListener>,
+    linger: Duration,
+) -> Result<PerfOutcome, String> {
+    let server = o.server.is_none();
     let active = ep.rnic.active_mtu();
     let want = o.mtu.bytes().min(active.bytes());
-    let setup = perf_setup(&mut ep.rnic, o, server)?;
-    let my = dests(ep, o, &setup);
+    let my = dests(ep, o, setup);
     let test = o.perftest();
     let cfg = OobConfig::default();
-    let mut conn = match &o.server {
-        Some(addr) => {
+    // Between the steps the engine is turned again at once: no linger.
+    let mut conn = match (&o.server, listener) {
+        (Some(addr), _) => {
             let a = (addr.as_str(), o.port);
-            serve(ep, |_| PerftestConn::connect(a, &cfg)).map_err(|e| e.to_string())?
+            serve_lingering(ep, Duration::ZERO, |_| PerftestConn::connect(a, &cfg))
+                .map_err(|e| e.to_string())?
         }
-        None => {
-            let l: TcpListener = oob::listen(o.port).map_err(|e| e.to_string())?;
-            serve(ep, |_| PerftestConn::accept(&l, &cfg)).map_err(|e| e.to_string())?
-        }
+        (None, Some(l)) => serve_lingering(ep, Duration::ZERO, |_| PerftestConn::accept(l, &cfg))
+            .map_err(|e| e.to_string())?,
+        (None, None) => return Err("a perf server needs its listener".into()),
     };
-    let neg =
-        serve(ep, |_| conn.preamble(SysData::default(), want as u32)).map_err(|e| e.to_string())?;
+    let neg = serve_lingering(ep, Duration::ZERO, |_| {
+        conn.preamble(SysData::default(), want as u32)
+    })
+    .map_err(|e| e.to_string())?;
     let mtu = Mtu::from_bytes(neg.mtu as usize).unwrap_or(active);
     // Setup and connect on the out-of-band thread; the QPs are moved by the engine's thread.
     let setup_parts = (setup.cq, setup.mr, setup.qps.clone());
     let o2 = o.clone();
     let my2 = my.clone();
-    let rem = serve(ep, move |ctl| {
+    let rem = serve_lingering(ep, Duration::ZERO, move |ctl| {
         conn.setup_qps(test, &my2, |rem| {
             let rem = rem.to_vec();
             let o3 = o2.clone();
@@ -1124,8 +1276,8 @@ pub fn perf(ep: &mut Endpoint, o: &PerfOpts) -> Result<PerfOutcome, String> {
     })
     .map_err(|e| e.to_string())?;
     let (rem, conn) = rem;
-    let mut ex = TcpExchange(conn);
-    data_phase(ep, o, &setup, &my, &rem, mtu, neg.remote_version, &mut ex)
+    let mut ex = TcpExchange(conn, linger);
+    data_phase(ep, o, setup, &my, &rem, mtu, neg.remote_version, &mut ex)
 }
 
 /// The exchange steps after the QPs are connected.
@@ -1167,7 +1319,8 @@ pub(crate) trait Exchange {
 }
 
 /// perftest's exchange over TCP, on a thread of its own while the engine's thread turns.
-struct TcpExchange(PerftestConn);
+/// The linger: after the last step only (the server's run, the client's report).
+struct TcpExchange(PerftestConn, Duration);
 
 impl Exchange for TcpExchange {
     fn step(
@@ -1180,7 +1333,11 @@ impl Exchange for TcpExchange {
         if patient {
             self.0.set_io_timeout(None);
         }
-        serve(ep, |_| step.run(&mut self.0, my0)).map_err(|e| e.to_string())
+        let linger = match step {
+            Step::Sync => Duration::ZERO,
+            Step::Close | Step::Finish(..) => self.1,
+        };
+        serve_lingering(ep, linger, |_| step.run(&mut self.0, my0)).map_err(|e| e.to_string())
     }
 }
 

@@ -137,6 +137,7 @@ fn po(server: Option<&str>, test: Test, lat: bool, qps: usize) -> PerfOpts {
         qp_timeout: 14,
         lat,
         rdma_cm: true,
+        out_reads: None,
     }
 }
 

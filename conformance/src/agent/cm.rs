@@ -362,7 +362,10 @@ impl CmService {
             timeout: req.primary_path.local_ack_timeout.clamp(1, 31),
             retry_cnt: req.retry_count,
             rnr_retry: req.rnr_retry_count,
-            max_rd_atomic: responder_resources.max(initiator_depth),
+            // Separately: reads in flight bounded by the peer's responder resources, our
+            // responder resources for as many as the peer keeps in flight.
+            max_rd_atomic: initiator_depth,
+            max_dest_rd_atomic: responder_resources,
             flow_label: req.primary_path.flow_label,
             ..Default::default()
         };
