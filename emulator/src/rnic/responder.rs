@@ -216,18 +216,23 @@ fn rc_send(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) -> bool {
         );
         return false;
     }
-    if dev.mem.check_sges(qp.pd, &wqe.sg_list, true).is_err() {
+    // The whole receive buffer is checked at every packet (its region may have been
+    // deregistered since it was posted), then the copy checks again what it touches.
+    let landed = dev
+        .mem
+        .check_sges(qp.pd, &wqe.sg_list, true)
+        .and_then(|_| dev.mem.scatter(qp.pd, &wqe.sg_list, offset, pkt.payload));
+    if let Err(f) = landed {
         qp.resp_msg = RespMsg::Send { wqe, offset };
         fatal(
             dev,
             qp,
             psn,
             NakCode::RemoteOperationalError,
-            Some(WcStatus::LocProtErr),
+            Some(f.status()),
         );
         return false;
     }
-    dev.mem.scatter(&wqe.sg_list, offset, pkt.payload);
     let offset = offset + pkt.payload.len() as u64;
     if !info.position.is_last() {
         qp.resp_msg = RespMsg::Send { wqe, offset };
@@ -641,9 +646,19 @@ fn uc_receive(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
                     }
                 },
             };
-            if wqe.len < offset + plen || dev.mem.check_sges(qp.pd, &wqe.sg_list, true).is_err() {
-                // Too long or a bad buffer: the receive completes in error (IBTA 9.8.3.2).
-                let wc = recv_wc(qp, &wqe, WcStatus::LocLenErr, 0);
+            // Too long or a bad buffer (its region may have been deregistered since it was
+            // posted): the receive completes in error (IBTA 9.8.3.2), LOC_LEN_ERR or
+            // LOC_PROT_ERR.
+            let landed = if wqe.len < offset + plen {
+                Err(WcStatus::LocLenErr)
+            } else {
+                dev.mem
+                    .check_sges(qp.pd, &wqe.sg_list, true)
+                    .and_then(|_| dev.mem.scatter(qp.pd, &wqe.sg_list, offset, pkt.payload))
+                    .map_err(|f| f.status())
+            };
+            if let Err(status) = landed {
+                let wc = recv_wc(qp, &wqe, status, 0);
                 dev.push_wc(qp.recv_cq, wc);
                 qp.resp_msg = if info.position.is_last() {
                     RespMsg::Idle
@@ -652,7 +667,6 @@ fn uc_receive(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
                 };
                 return;
             }
-            dev.mem.scatter(&wqe.sg_list, offset, pkt.payload);
             let offset = offset + plen;
             if info.position.is_last() {
                 let mut wc = recv_wc(qp, &wqe, WcStatus::Success, offset as u32);
@@ -741,11 +755,6 @@ fn ud_receive(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
         return;
     };
     let plen = pkt.payload.len() as u64;
-    if wqe.len < 40 + plen || dev.mem.check_sges(qp.pd, &wqe.sg_list, true).is_err() {
-        let wc = recv_wc(qp, &wqe, WcStatus::LocLenErr, 0);
-        dev.push_wc(qp.recv_cq, wc);
-        return;
-    }
     // The 40-byte GRH area: the IPv6 header, or for IPv4 20 zero bytes then the IPv4 header
     // (the RoCEv2 convention rdma-core documents for ibv_wc with IBV_WC_GRH).
     let mut grh = [0u8; 40];
@@ -755,8 +764,22 @@ fn ud_receive(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
     } else {
         grh[20..].copy_from_slice(&dg[..20]);
     }
-    dev.mem.scatter(&wqe.sg_list, 0, &grh);
-    dev.mem.scatter(&wqe.sg_list, 40, pkt.payload);
+    // Too short, or a buffer whose region went away since it was posted.
+    let landed = if wqe.len < 40 + plen {
+        Err(WcStatus::LocLenErr)
+    } else {
+        let (pd, sges) = (qp.pd, &wqe.sg_list);
+        dev.mem
+            .check_sges(pd, sges, true)
+            .and_then(|_| dev.mem.scatter(pd, sges, 0, &grh))
+            .and_then(|_| dev.mem.scatter(pd, sges, 40, pkt.payload))
+            .map_err(|f| f.status())
+    };
+    if let Err(status) = landed {
+        let wc = recv_wc(qp, &wqe, status, 0);
+        dev.push_wc(qp.recv_cq, wc);
+        return;
+    }
     let mut wc = recv_wc(qp, &wqe, WcStatus::Success, (40 + plen) as u32);
     wc.src_qp = deth.src_qpn;
     wc.wc_flags = WcFlags::GRH;
