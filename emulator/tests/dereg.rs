@@ -198,7 +198,11 @@ fn read_response_from_a_region_deregistered_after_the_rkey_check_is_a_remote_acc
     t.inject(B, &req);
     t.p.b.dereg_mr(src.lkey).unwrap();
     let (wa, _) = t.settle();
-    assert_eq!(t.acks(Dir::BA), vec![(PSN_A, NAK_ACC, 1)]);
+    assert_eq!(
+        t.acks(Dir::BA),
+        vec![(PSN_A, NAK_ACC, 0)],
+        "MSN: the READ did not complete"
+    );
     assert!(t.pkts(Dir::BA).iter().all(|p| p.payload.is_empty()));
     assert_eq!(st(&wa), vec![(1, WcStatus::RemAccessErr)]);
 }
@@ -264,4 +268,40 @@ fn uc_and_ud_receive_whose_region_went_away_completes_loc_prot_err() {
         let wb = receive_into_a_deregistered_region(ty);
         assert_eq!(st(&wb), vec![(9, WcStatus::LocProtErr)], "{ty:?}");
     }
+}
+
+#[test]
+fn read_nak_for_a_region_gone_goes_ahead_of_later_acks() {
+    // A READ and a SEND behind it reach B in one burst; B's READ source is deregistered before
+    // B sends anything. The remote access NAK takes the READ response's place, ahead of the
+    // SEND's ACK: the ACK first would acknowledge the READ before its (never coming) data.
+    let mut t = bed256();
+    t.post_recv(B, 7, 0, 64);
+    let src = extra_mr(&mut t, B, 4096, 0x77);
+    t.post_send(
+        A,
+        wr(
+            1,
+            WrOpcode::RdmaRead {
+                remote_addr: src.addr,
+                rkey: src.rkey,
+            },
+            vec![t.sge(A, 0, 100)],
+        ),
+    );
+    t.post_send(A, wr(2, WrOpcode::Send, vec![t.sge(A, 0x100, 8)]));
+    let read = one_frame_from_a(&mut t);
+    let send = one_frame_from_a(&mut t);
+    t.inject(B, &read);
+    t.inject(B, &send);
+    t.p.b.dereg_mr(src.lkey).unwrap();
+    let (wa, _) = t.settle();
+    assert_eq!(
+        t.acks(Dir::BA)[..2],
+        [(PSN_A, NAK_ACC, 0), (PSN_A + 1, ACK, 2)]
+    );
+    assert_eq!(
+        st(&wa),
+        vec![(1, WcStatus::RemAccessErr), (2, WcStatus::WrFlushErr)]
+    );
 }
