@@ -355,7 +355,12 @@ fn read_response(dev: &mut Dev, qp: &mut Qp, now: Nanos, pkt: &Packet<'_>) {
         return;
     }
     let sges = w.wr.sg_list.clone();
-    dev.mem.scatter(&sges, off, pkt.payload);
+    if let Err(f) = dev.mem.scatter(qp.pd, &sges, off, pkt.payload) {
+        // The sink was deregistered after the READ was checked: LOC_PROT_ERR and the QP to ERR
+        // (rxe's do_read), not a success without its data.
+        fail_wqe(dev, qp, ri, f.status());
+        return;
+    }
     let w = &mut qp.sq[ri];
     w.resp_pkts += 1;
     let last = info.position.is_last();
@@ -400,8 +405,12 @@ fn atomic_ack(dev: &mut Dev, qp: &mut Qp, now: Nanos, pkt: &Packet<'_>) {
     };
     let orig = pkt.ext.atomic_ack.map(|a| a.orig).unwrap_or(0);
     let sges = qp.sq[ri].wr.sg_list.clone();
-    // The original value lands in the local buffer in host order.
-    dev.mem.scatter(&sges, 0, &orig.to_le_bytes());
+    // The original value lands in the local buffer in host order; a sink deregistered since
+    // the atomic was checked fails it (rxe's do_atomic).
+    if let Err(f) = dev.mem.scatter(qp.pd, &sges, 0, &orig.to_le_bytes()) {
+        fail_wqe(dev, qp, ri, f.status());
+        return;
+    }
     let w = &mut qp.sq[ri];
     w.done = true;
     w.resp_pkts = 1;

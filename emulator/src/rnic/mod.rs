@@ -91,6 +91,13 @@ pub struct Counters {
     pub cq_overflows: u64,
     /// Asynchronous events dropped because nobody polled them ([`ASYNC_EVENTS_MAX`] queued).
     pub async_events_dropped: u64,
+    /// Responses (ACK, NAK, read response, atomic ACK) merged into one already queued: an
+    /// ACK or NAK acknowledges every PSN before its own, and a duplicate's answer that is
+    /// queued already needs no second copy.
+    pub resp_coalesced: u64,
+    /// Responses not queued because the QP's response slots were all taken (a peer that
+    /// ignores its max_rd_atomic, or floods faster than the port drains).
+    pub resp_dropped: u64,
 }
 
 /// Asynchronous events kept for [`Rnic::poll_async_event`]; later ones are counted and dropped.
@@ -723,6 +730,11 @@ impl Rnic {
             ),
             Err(e) => e.to_string(),
         }
+    }
+
+    /// How many responses (ACKs, NAKs, read and atomic responses) a QP has queued for the wire.
+    pub fn queued_responses(&self, qpn: Qpn) -> Result<usize, VerbsError> {
+        Ok(self.qp(qpn)?.resp_out.len())
     }
 
     pub fn qp_type(&self, qpn: Qpn) -> Result<QpType, VerbsError> {

@@ -4,7 +4,7 @@
 //! the key, the protection domain, the permission and the bounds before a byte moves
 //! (IBTA 10.6.3, 9.4.4.3). Keys are drawn from the seeded generator: not guessable from each
 //! other (ReDMArk's first attack was predictable R_Keys).
-use super::verbs::{Access, PdId, Sge};
+use super::verbs::{Access, PdId, Sge, WcStatus};
 use crate::rng::Rng;
 use std::cell::Cell;
 use std::collections::HashMap;
@@ -53,11 +53,24 @@ pub(crate) struct Mr {
     pub rkey_valid: bool,
 }
 
-/// Why a local access failed: a `LocProtErr` (bad key, PD or bounds) or `LocAccessErr`.
+/// Why a local access failed: a `LocProtErr` (bad key, PD or bounds), `LocAccessErr` (no
+/// local write), or `LocLenErr` (a scatter/gather list too short for the transfer).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum LocalFault {
     Protection,
     Access,
+    Length,
+}
+
+impl LocalFault {
+    /// The completion status of a work request that met this fault.
+    pub fn status(self) -> WcStatus {
+        match self {
+            LocalFault::Protection => WcStatus::LocProtErr,
+            LocalFault::Access => WcStatus::LocAccessErr,
+            LocalFault::Length => WcStatus::LocLenErr,
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -240,43 +253,97 @@ impl MemTable {
         Ok(total)
     }
 
-    /// Copies `out.len()` bytes starting `offset` bytes into the gather list `sges` (already
-    /// checked) into `out`.
-    pub fn gather(&self, sges: &[Sge], offset: u64, out: &mut [u8]) {
-        // The usual case: one SGE holds the whole piece.
-        if let [s] = sges {
-            if offset + out.len() as u64 <= s.length as u64 {
-                if let Some(mr) = self.by_lkey(s.lkey) {
-                    let base = (s.addr - mr.info.addr + offset) as usize;
-                    if let Some(src) = mr.data.get(base..base + out.len()) {
-                        out.copy_from_slice(src);
-                    }
-                }
-                return;
-            }
+    /// The bytes of region `i` that `len` bytes `at` bytes into SGE `s` cover, checked again
+    /// as `check_sges` did: the L_Key may have been deregistered (or its key reused by another
+    /// region) since, so the region must still be there, in `pd`, writable when `write`, and
+    /// hold them.
+    fn piece(
+        &self,
+        pd: PdId,
+        s: &Sge,
+        at: u64,
+        len: usize,
+        write: bool,
+    ) -> Result<(usize, std::ops::Range<usize>), LocalFault> {
+        let i = self.lkey_index(s.lkey).ok_or(LocalFault::Protection)?;
+        let mr = self.mrs[i].as_ref().ok_or(LocalFault::Protection)?;
+        if mr.info.pd != pd {
+            return Err(LocalFault::Protection);
         }
-        for (s, at, range) in pieces(sges, offset, out.len()) {
-            let Some(mr) = self.by_lkey(s.lkey) else {
-                return;
-            };
-            let base = (s.addr - mr.info.addr + at) as usize;
-            out[range.clone()].copy_from_slice(&mr.data[base..base + range.len()]);
+        if write && !mr.info.access.contains(Access::LOCAL_WRITE) {
+            return Err(LocalFault::Access);
+        }
+        let start = s
+            .addr
+            .checked_sub(mr.info.addr)
+            .and_then(|o| o.checked_add(at))
+            .ok_or(LocalFault::Protection)?;
+        match start.checked_add(len as u64) {
+            Some(end) if end <= mr.info.length => Ok((i, start as usize..end as usize)),
+            _ => Err(LocalFault::Protection),
         }
     }
 
-    /// Copies `data` into the scatter list `sges` (already checked) starting `offset` bytes in.
-    /// Returns false when the list is too short (a local length error).
-    pub fn scatter(&mut self, sges: &[Sge], offset: u64, data: &[u8]) -> bool {
+    /// Copies `out.len()` bytes starting `offset` bytes into the gather list `sges` of a QP in
+    /// `pd` into `out`. Every region is looked up again: one deregistered since the WQE was
+    /// checked fails the copy (`LocProtErr`, as rxe's `copy_data`), and the caller must then
+    /// not send what `out` holds. A list too short for `out` is a length error.
+    pub fn gather(
+        &self,
+        pd: PdId,
+        sges: &[Sge],
+        offset: u64,
+        out: &mut [u8],
+    ) -> Result<(), LocalFault> {
+        // The usual case: one SGE holds the whole piece.
+        if let [s] = sges {
+            if offset + out.len() as u64 <= s.length as u64 {
+                let (i, r) = self.piece(pd, s, offset, out.len(), false)?;
+                if let Some(mr) = self.mrs[i].as_ref() {
+                    out.copy_from_slice(&mr.data[r]);
+                }
+                return Ok(());
+            }
+        }
         let mut done = 0;
-        for (s, at, range) in pieces(sges, offset, data.len()) {
-            let Some(mr) = self.by_lkey_mut(s.lkey) else {
-                return false;
-            };
-            let base = (s.addr - mr.info.addr + at) as usize;
-            mr.data[base..base + range.len()].copy_from_slice(&data[range.clone()]);
+        for (s, at, range) in pieces(sges, offset, out.len()) {
+            let (i, r) = self.piece(pd, s, at, range.len(), false)?;
+            if let Some(mr) = self.mrs[i].as_ref() {
+                out[range.clone()].copy_from_slice(&mr.data[r]);
+            }
             done = range.end;
         }
-        done == data.len()
+        if done == out.len() {
+            Ok(())
+        } else {
+            Err(LocalFault::Length)
+        }
+    }
+
+    /// Copies `data` into the scatter list `sges` of a QP in `pd`, starting `offset` bytes in.
+    /// Every region is looked up and checked again (it may have been deregistered since the
+    /// WQE was checked): a region gone is a protection fault, a list too short a length error.
+    /// Pieces before the fault may have been written.
+    pub fn scatter(
+        &mut self,
+        pd: PdId,
+        sges: &[Sge],
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(), LocalFault> {
+        let mut done = 0;
+        for (s, at, range) in pieces(sges, offset, data.len()) {
+            let (i, r) = self.piece(pd, s, at, range.len(), true)?;
+            if let Some(mr) = self.mrs[i].as_mut() {
+                mr.data[r].copy_from_slice(&data[range.clone()]);
+            }
+            done = range.end;
+        }
+        if done == data.len() {
+            Ok(())
+        } else {
+            Err(LocalFault::Length)
+        }
     }
 }
 
@@ -408,12 +475,21 @@ mod tests {
         ];
         assert_eq!(t.check_sges(pd, &sges, true), Ok(24));
         let data: Vec<u8> = (0..24).collect();
-        assert!(t.scatter(&sges, 0, &data[..10]));
-        assert!(t.scatter(&sges, 10, &data[10..]));
-        assert!(!t.scatter(&sges, 20, &data[..10]), "too long");
+        assert_eq!(t.scatter(pd, &sges, 0, &data[..10]), Ok(()));
+        assert_eq!(t.scatter(pd, &sges, 10, &data[10..]), Ok(()));
+        assert_eq!(
+            t.scatter(pd, &sges, 20, &data[..10]),
+            Err(LocalFault::Length),
+            "too long"
+        );
         let mut out = [0u8; 24];
-        t.gather(&sges, 0, &mut out);
+        assert_eq!(t.gather(pd, &sges, 0, &mut out), Ok(()));
         assert_eq!(&out[..20], &data[..20]);
+        assert_eq!(
+            t.gather(pd, &sges, 1, &mut out),
+            Err(LocalFault::Length),
+            "too long"
+        );
         let bad = [Sge {
             addr: 0x1008,
             length: 9,
@@ -445,5 +521,48 @@ mod tests {
             ),
             Ok(4)
         );
+    }
+
+    #[test]
+    fn scatter_gather_fail_once_a_region_is_gone() {
+        // Checked at post, deregistered before the copy: the copy fails, it does not silently
+        // do nothing (which sent stale bytes and completed reads without data).
+        let mut rng = Rng::new(3);
+        let mut t = MemTable::default();
+        let pd = t.alloc_pd();
+        let other = t.alloc_pd();
+        let a = t.register(&mut rng, pd, 0x1000, 16, Access::LOCAL_WRITE);
+        let b = t.register(&mut rng, pd, 0x9000, 16, Access::LOCAL_WRITE);
+        let one = [Sge {
+            addr: 0x1000,
+            length: 16,
+            lkey: a.lkey,
+        }];
+        let two = [
+            one[0],
+            Sge {
+                addr: 0x9000,
+                length: 16,
+                lkey: b.lkey,
+            },
+        ];
+        let mut out = [0u8; 8];
+        assert_eq!(t.gather(pd, &one, 0, &mut out), Ok(()));
+        assert_eq!(
+            t.gather(other, &one, 0, &mut out),
+            Err(LocalFault::Protection),
+            "another PD"
+        );
+        assert!(t.deregister(b.lkey).is_some());
+        let mut out = [0u8; 24];
+        assert_eq!(t.gather(pd, &two, 0, &mut out), Err(LocalFault::Protection));
+        assert_eq!(
+            t.scatter(pd, &two, 12, &[1; 8]),
+            Err(LocalFault::Protection)
+        );
+        assert!(t.deregister(a.lkey).is_some());
+        let mut out = [0u8; 8];
+        assert_eq!(t.gather(pd, &one, 0, &mut out), Err(LocalFault::Protection));
+        assert_eq!(t.scatter(pd, &one, 0, &[1; 8]), Err(LocalFault::Protection));
     }
 }

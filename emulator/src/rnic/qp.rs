@@ -323,6 +323,8 @@ pub(crate) struct Qp {
     pub resp_msg: RespMsg,
     pub nak_sent: bool,
     pub resources: VecDeque<Resource>,
+    /// Responses owed, in order; never more than [`Qp::resp_slots`] whatever the peer sends,
+    /// and one more for the NAK of a class C / D error (the QP goes to ERR with it).
     pub resp_out: VecDeque<RespOut>,
 
     /// On the device's transmit schedule.
@@ -395,6 +397,15 @@ impl Qp {
         matches!(self.state, QpState::Rts | QpState::Sqd)
             && self.sq_next < self.sq.len()
             && self.rnr_deadline.is_none()
+    }
+
+    /// How many responses the responder holds for the wire, as a responder in hardware has a
+    /// fixed number of response slots: one per responder resource (max_dest_rd_atomic) for its
+    /// read or atomic response, one for the ACK or NAK that may follow each (ACKs and NAKs in a
+    /// row coalesce into one), and one for an ACK or NAK before them all. A requester that keeps
+    /// to the limit never needs more; what a peer forces beyond it is dropped and counted.
+    pub fn resp_slots(&self) -> usize {
+        2 * self.attr.max_dest_rd_atomic.max(1) as usize + 1
     }
 
     /// The local ACK timeout (IBTA 9.7.6.1.3): 4.096 µs × 2^timeout, none for 0.

@@ -139,11 +139,8 @@ pub(crate) fn produce(dev: &mut Dev, qp: &mut Qp, now: Nanos, buf: &mut [u8]) ->
         if !inline {
             let write = matches!(w.wr.opcode, WrOpcode::RdmaRead { .. }) || w.wr.opcode.is_atomic();
             if let Err(f) = dev.mem.check_sges(qp.pd, &w.wr.sg_list, write) {
-                let st = match f {
-                    super::mr::LocalFault::Access => WcStatus::LocAccessErr,
-                    _ => WcStatus::LocProtErr,
-                };
-                fail_wqe(dev, qp, idx, st);
+                // A list too short cannot be: the length is the list's sum.
+                fail_wqe(dev, qp, idx, f.status());
                 return None;
             }
         }
@@ -310,6 +307,8 @@ fn emit_packet(
     };
     let w = &qp.sq[idx];
     let ud_dest = ud_dest.as_ref().map(|(ah, m)| (ah, *m));
+    let pd = qp.pd;
+    let mut gathered = Ok(());
     let written = dev.emit(
         qp,
         ud_dest,
@@ -323,13 +322,21 @@ fn emit_packet(
                     &w.wr.inline_data[offset as usize..(offset + payload_len) as usize],
                 );
             } else {
-                mem.gather(&w.wr.sg_list, offset, d);
+                gathered = mem.gather(pd, &w.wr.sg_list, offset, d);
             }
         },
     );
-    let len = match written {
-        Ok(n) => n,
-        Err(_) => {
+    let len = match (written, gathered) {
+        (Ok(n), Ok(())) => n,
+        // A region of the gather list was deregistered after the WQE was checked (between
+        // two packets of a message, or before a retransmission): the frame in `buf` lacks its
+        // payload and is not sent; the WQE fails with LOC_PROT_ERR (rxe: a `fill_packet`
+        // failure) and the QP goes to ERR.
+        (Ok(_), Err(f)) => {
+            fail_wqe(dev, qp, idx, f.status());
+            return None;
+        }
+        (Err(_), _) => {
             // The caller's buffer cannot hold a path-MTU packet: an engine bug, not a wire
             // condition. Fail the WQE rather than send garbage.
             fail_wqe(dev, qp, idx, WcStatus::LocLenErr);

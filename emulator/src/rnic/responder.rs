@@ -2,6 +2,11 @@
 //! sequence checks, receive queue consumption, RDMA WRITE / READ / ATOMIC with R_Key,
 //! permission, bounds and alignment checks, duplicates (re-ACK, read re-execution, atomic
 //! replay), NAKs and the QP behaviour each implies, RNR NAK, ACK coalescing, the MSN.
+//!
+//! Invariant: what a QP owes the wire (`resp_out`) is bounded by its response slots
+//! ([`Qp::resp_slots`], plus the one NAK that moves it to ERR), whatever a peer sends: ACKs and
+//! NAKs coalesce, a duplicate's answer is queued once, and a response that finds no slot is
+//! dropped and counted (`resp_dropped`), as if lost — a new read or atomic is then not executed.
 use super::qp::{Qp, RecvWqe, Resource, RespMsg, RespOut};
 use super::verbs::*;
 use super::{flush, Dev, Packet};
@@ -29,9 +34,34 @@ pub(crate) fn recv_wc(qp: &Qp, w: &RecvWqe, status: WcStatus, byte_len: u32) -> 
     }
 }
 
-/// Queues an ACK, coalescing it with an ACK already waiting (IBTA 9.7.5.1.1 allows one ACK for
-/// several requests: the latest PSN acknowledges everything before it).
-fn push_ack(qp: &mut Qp, psn: Psn) {
+/// Queues an ACK, coalescing it with an ACK or NAK already waiting (see [`queue_ack`]).
+fn push_ack(dev: &mut Dev, qp: &mut Qp, psn: Psn) {
+    let slots = qp.resp_slots();
+    queue_ack(dev, qp, psn, ACK, slots);
+}
+
+fn push_nak(dev: &mut Dev, qp: &mut Qp, psn: Psn, syn: Syndrome) {
+    let slots = qp.resp_slots();
+    queue_ack(dev, qp, psn, syn, slots);
+}
+
+/// The NAK of a class C / D error may take one slot more: the QP goes to ERR with it and
+/// queues nothing after it, and the requester must learn why rather than time out.
+fn push_fatal_nak(dev: &mut Dev, qp: &mut Qp, psn: Psn, syn: Syndrome) {
+    let slots = qp.resp_slots() + 1;
+    queue_ack(dev, qp, psn, syn, slots);
+}
+
+/// Queues an ACK or NAK for `psn`. The queue is bounded by the QP's response slots
+/// ([`Qp::resp_slots`]) and a peer must not be able to grow it, whatever it sends: an ACK or
+/// NAK acknowledges every request before its PSN (IBTA 9.7.5.1.2, "Coalesced Acknowledge
+/// Messages", as quoted on linux-rdma), so one waiting at the back of the queue — nothing
+/// queued after it, not yet sent — is replaced by a newer one, and a positive ACK for an older
+/// PSN (a duplicate's) is already covered by it. Only the back is merged: an ACK must not move
+/// ahead of a read or atomic response queued before it (it would acknowledge that request
+/// before its data). What still does not fit is dropped and counted, as if lost: the
+/// requester's retry recovers it.
+fn queue_ack(dev: &mut Dev, qp: &mut Qp, psn: Psn, syn: Syndrome, slots: usize) {
     let msn = qp.msn;
     if let Some(RespOut::Ack {
         psn: p,
@@ -39,35 +69,52 @@ fn push_ack(qp: &mut Qp, psn: Psn) {
         msn: m,
     }) = qp.resp_out.back_mut()
     {
-        if Syndrome(*syndrome).is_ack() {
-            *p = psn;
-            *m = msn;
+        if !psn.is_before(*p) {
+            (*p, *syndrome, *m) = (psn, syn.0, msn);
+            dev.counters.resp_coalesced += 1;
+            return;
+        }
+        if syn.is_ack() {
+            dev.counters.resp_coalesced += 1;
             return;
         }
     }
-    qp.resp_out.push_back(RespOut::Ack {
-        psn,
-        syndrome: ACK.0,
-        msn,
-    });
-}
-
-fn push_nak(dev: &mut Dev, qp: &mut Qp, psn: Psn, syn: Syndrome) {
-    match syn.kind() {
-        rocemu_wire::SyndromeKind::RnrNak { .. } => dev.counters.rnr_naks_sent += 1,
-        _ => dev.counters.naks_sent += 1,
-    }
-    qp.resp_out.push_back(RespOut::Ack {
+    let out = RespOut::Ack {
         psn,
         syndrome: syn.0,
-        msn: qp.msn,
-    });
+        msn,
+    };
+    if qp.resp_out.len() >= slots {
+        dev.counters.resp_dropped += 1;
+    } else {
+        qp.resp_out.push_back(out);
+    }
+}
+
+/// Queues a read or atomic response if a slot is free; otherwise drops and counts it.
+fn queue(dev: &mut Dev, qp: &mut Qp, out: RespOut) {
+    if qp.resp_out.len() >= qp.resp_slots() {
+        dev.counters.resp_dropped += 1;
+    } else {
+        qp.resp_out.push_back(out);
+    }
+}
+
+/// True when a new read or atomic could queue its response: otherwise it is not executed at
+/// all (dropped and counted, as if lost on the wire; a conforming requester, which keeps to
+/// max_rd_atomic, never meets this).
+fn room_for_response(dev: &mut Dev, qp: &Qp) -> bool {
+    if qp.resp_out.len() < qp.resp_slots() {
+        return true;
+    }
+    dev.counters.resp_dropped += 1;
+    false
 }
 
 /// A class C / D error (IBTA 9.9.3.1): NAK, complete the receive in progress with `status`,
 /// and move the QP to ERR.
 fn fatal(dev: &mut Dev, qp: &mut Qp, psn: Psn, code: NakCode, recv_status: Option<WcStatus>) {
-    push_nak(dev, qp, psn, Syndrome::nak(code));
+    push_fatal_nak(dev, qp, psn, Syndrome::nak(code));
     if let RespMsg::Send { wqe, .. } = std::mem::replace(&mut qp.resp_msg, RespMsg::Idle) {
         let wc = recv_wc(qp, &wqe, recv_status.unwrap_or(WcStatus::RemInvReqErr), 0);
         dev.push_wc(qp.recv_cq, wc);
@@ -172,7 +219,7 @@ fn rc_receive(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
     qp.nak_sent = false;
     qp.epsn = psn.next();
     if pkt.bth.ack_req {
-        push_ack(qp, psn);
+        push_ack(dev, qp, psn);
     }
 }
 
@@ -216,18 +263,23 @@ fn rc_send(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) -> bool {
         );
         return false;
     }
-    if dev.mem.check_sges(qp.pd, &wqe.sg_list, true).is_err() {
+    // The whole receive buffer is checked at every packet (its region may have been
+    // deregistered since it was posted), then the copy checks again what it touches.
+    let landed = dev
+        .mem
+        .check_sges(qp.pd, &wqe.sg_list, true)
+        .and_then(|_| dev.mem.scatter(qp.pd, &wqe.sg_list, offset, pkt.payload));
+    if let Err(f) = landed {
         qp.resp_msg = RespMsg::Send { wqe, offset };
         fatal(
             dev,
             qp,
             psn,
             NakCode::RemoteOperationalError,
-            Some(WcStatus::LocProtErr),
+            Some(f.status()),
         );
         return false;
     }
-    dev.mem.scatter(&wqe.sg_list, offset, pkt.payload);
     let offset = offset + pkt.payload.len() as u64;
     if !info.position.is_last() {
         qp.resp_msg = RespMsg::Send { wqe, offset };
@@ -414,7 +466,13 @@ fn trim_resources(qp: &mut Qp, keep: usize) {
         while qp.resources.len() > keep {
             match qp.resources.iter().position(pick) {
                 Some(i) => {
-                    qp.resources.remove(i);
+                    // A replay still being answered takes its queued response with it: the
+                    // queue holds a response only for a resource that exists.
+                    if let Some(Resource::Read { first_psn, .. }) = qp.resources.remove(i) {
+                        qp.resp_out.retain(
+                            |o| !matches!(o, RespOut::Read { res_psn } if *res_psn == first_psn),
+                        );
+                    }
                 }
                 None => break,
             }
@@ -431,6 +489,9 @@ fn rc_read(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
     if qp.resources.len() >= max {
         // More reads and atomics outstanding than this QP accepts (C9-150).
         fatal(dev, qp, psn, NakCode::InvalidRequest, None);
+        return;
+    }
+    if !room_for_response(dev, qp) {
         return;
     }
     if len > 0
@@ -454,7 +515,7 @@ fn rc_read(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
         replay: false,
         msn: qp.msn,
     });
-    qp.resp_out.push_back(RespOut::Read { res_psn: psn });
+    queue(dev, qp, RespOut::Read { res_psn: psn });
     qp.nak_sent = false;
     qp.epsn = psn.add(npkts);
 }
@@ -466,6 +527,9 @@ fn rc_atomic(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
     trim_resources(qp, max - 1);
     if qp.resources.len() >= max {
         fatal(dev, qp, psn, NakCode::InvalidRequest, None);
+        return;
+    }
+    if !room_for_response(dev, qp) {
         return;
     }
     if a.va % 8 != 0 {
@@ -505,11 +569,8 @@ fn rc_atomic(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
         orig,
         msn: qp.msn,
     });
-    qp.resp_out.push_back(RespOut::AtomicAck {
-        psn,
-        orig,
-        msn: qp.msn,
-    });
+    let msn = qp.msn;
+    queue(dev, qp, RespOut::AtomicAck { psn, orig, msn });
     qp.nak_sent = false;
     qp.epsn = psn.next();
 }
@@ -526,7 +587,7 @@ fn duplicate(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
             // not the latest one: a later READ or atomic may lie in between, and an ACK must
             // never cover one whose response the requester may still be waiting for (rdma_rxe
             // completes the READ on such an ACK without its data; found by rping under loss).
-            push_ack(qp, psn);
+            push_ack(dev, qp, psn);
         }
         Operation::RdmaReadRequest => {
             let Some(reth) = pkt.ext.reth else { return };
@@ -548,9 +609,9 @@ fn duplicate(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
                 fatal(dev, qp, psn, NakCode::RemoteAccessError, None);
                 return;
             }
-            let msn = match qp.resources[i] {
-                Resource::Read { msn, .. } => msn,
-                _ => qp.msn,
+            let (msn, old_psn) = match qp.resources[i] {
+                Resource::Read { msn, first_psn, .. } => (msn, first_psn),
+                _ => (qp.msn, psn),
             };
             let npkts = qp.pkts_for(len);
             qp.resources[i] = Resource::Read {
@@ -563,12 +624,22 @@ fn duplicate(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
                 replay: true,
                 msn,
             };
-            if !qp
-                .resp_out
-                .iter()
-                .any(|o| matches!(o, RespOut::Read { res_psn } if *res_psn == psn))
-            {
-                qp.resp_out.push_back(RespOut::Read { res_psn: psn });
+            // One queued response per resource: a re-execution still waiting to go out (or
+            // under way) restarts where it stands in the queue, from the new PSN.
+            let queued = qp.resp_out.iter_mut().find_map(|o| match o {
+                RespOut::Read { res_psn } if *res_psn == old_psn || *res_psn == psn => {
+                    Some(res_psn)
+                }
+                _ => None,
+            });
+            match queued {
+                Some(r) => {
+                    *r = psn;
+                    dev.counters.resp_coalesced += 1;
+                }
+                None => {
+                    queue(dev, qp, RespOut::Read { res_psn: psn });
+                }
             }
         }
         Operation::CompareSwap | Operation::FetchAdd => {
@@ -578,7 +649,16 @@ fn duplicate(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
                 _ => None,
             });
             if let Some((orig, msn)) = hit {
-                qp.resp_out.push_back(RespOut::AtomicAck { psn, orig, msn });
+                // Its answer queued already (not sent yet) needs no second copy.
+                let queued = qp
+                    .resp_out
+                    .iter()
+                    .any(|o| matches!(o, RespOut::AtomicAck { psn: p, .. } if *p == psn));
+                if queued {
+                    dev.counters.resp_coalesced += 1;
+                } else {
+                    queue(dev, qp, RespOut::AtomicAck { psn, orig, msn });
+                }
             }
         }
         _ => {}
@@ -641,9 +721,19 @@ fn uc_receive(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
                     }
                 },
             };
-            if wqe.len < offset + plen || dev.mem.check_sges(qp.pd, &wqe.sg_list, true).is_err() {
-                // Too long or a bad buffer: the receive completes in error (IBTA 9.8.3.2).
-                let wc = recv_wc(qp, &wqe, WcStatus::LocLenErr, 0);
+            // Too long or a bad buffer (its region may have been deregistered since it was
+            // posted): the receive completes in error (IBTA 9.8.3.2), LOC_LEN_ERR or
+            // LOC_PROT_ERR.
+            let landed = if wqe.len < offset + plen {
+                Err(WcStatus::LocLenErr)
+            } else {
+                dev.mem
+                    .check_sges(qp.pd, &wqe.sg_list, true)
+                    .and_then(|_| dev.mem.scatter(qp.pd, &wqe.sg_list, offset, pkt.payload))
+                    .map_err(|f| f.status())
+            };
+            if let Err(status) = landed {
+                let wc = recv_wc(qp, &wqe, status, 0);
                 dev.push_wc(qp.recv_cq, wc);
                 qp.resp_msg = if info.position.is_last() {
                     RespMsg::Idle
@@ -652,7 +742,6 @@ fn uc_receive(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
                 };
                 return;
             }
-            dev.mem.scatter(&wqe.sg_list, offset, pkt.payload);
             let offset = offset + plen;
             if info.position.is_last() {
                 let mut wc = recv_wc(qp, &wqe, WcStatus::Success, offset as u32);
@@ -741,11 +830,6 @@ fn ud_receive(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
         return;
     };
     let plen = pkt.payload.len() as u64;
-    if wqe.len < 40 + plen || dev.mem.check_sges(qp.pd, &wqe.sg_list, true).is_err() {
-        let wc = recv_wc(qp, &wqe, WcStatus::LocLenErr, 0);
-        dev.push_wc(qp.recv_cq, wc);
-        return;
-    }
     // The 40-byte GRH area: the IPv6 header, or for IPv4 20 zero bytes then the IPv4 header
     // (the RoCEv2 convention rdma-core documents for ibv_wc with IBV_WC_GRH).
     let mut grh = [0u8; 40];
@@ -755,8 +839,22 @@ fn ud_receive(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
     } else {
         grh[20..].copy_from_slice(&dg[..20]);
     }
-    dev.mem.scatter(&wqe.sg_list, 0, &grh);
-    dev.mem.scatter(&wqe.sg_list, 40, pkt.payload);
+    // Too short, or a buffer whose region went away since it was posted.
+    let landed = if wqe.len < 40 + plen {
+        Err(WcStatus::LocLenErr)
+    } else {
+        let (pd, sges) = (qp.pd, &wqe.sg_list);
+        dev.mem
+            .check_sges(pd, sges, true)
+            .and_then(|_| dev.mem.scatter(pd, sges, 0, &grh))
+            .and_then(|_| dev.mem.scatter(pd, sges, 40, pkt.payload))
+            .map_err(|f| f.status())
+    };
+    if let Err(status) = landed {
+        let wc = recv_wc(qp, &wqe, status, 0);
+        dev.push_wc(qp.recv_cq, wc);
+        return;
+    }
     let mut wc = recv_wc(qp, &wqe, WcStatus::Success, (40 + plen) as u32);
     wc.src_qp = deth.src_qpn;
     wc.wc_flags = WcFlags::GRH;
@@ -776,6 +874,12 @@ pub(crate) fn produce(dev: &mut Dev, qp: &mut Qp, _now: Nanos, buf: &mut [u8]) -
     match out {
         RespOut::Ack { psn, syndrome, msn } => {
             qp.resp_out.pop_front();
+            // Counted as they leave: a NAK replaced by a newer one in the queue is not sent.
+            match Syndrome(syndrome).kind() {
+                rocemu_wire::SyndromeKind::RnrNak { .. } => dev.counters.rnr_naks_sent += 1,
+                rocemu_wire::SyndromeKind::Nak(_) => dev.counters.naks_sent += 1,
+                _ => {}
+            }
             let bth = BthRepr::new(Opcode::RC_ACKNOWLEDGE, dqpn, psn);
             let ext = ExtHeaders {
                 aeth: Some(AethRepr {
@@ -839,14 +943,16 @@ pub(crate) fn produce(dev: &mut Dev, qp: &mut Qp, _now: Nanos, buf: &mut [u8]) -
                 ) {
                     Ok(t) => Some(t),
                     Err(()) => {
-                        qp.resp_out.pop_front();
+                        // The NAK takes the response's place in the queue: behind ACKs queued
+                        // for later requests it would come after they acknowledged the READ.
                         qp.resources.remove(i);
-                        push_nak(
-                            dev,
-                            qp,
-                            first_psn.add(k),
-                            Syndrome::nak(NakCode::RemoteAccessError),
-                        );
+                        // Its MSN counts the messages before the READ, which did not complete.
+                        let before = rocemu_wire::Msn::new(msn.value().wrapping_sub(1) & 0xff_ffff);
+                        qp.resp_out[0] = RespOut::Ack {
+                            psn: first_psn.add(k),
+                            syndrome: Syndrome::nak(NakCode::RemoteAccessError).0,
+                            msn: before,
+                        };
                         return None;
                     }
                 }
