@@ -160,7 +160,10 @@ fn atomics_beyond_the_response_slots_are_dropped_and_counted() {
     // the responder answers what its slots hold and drops the rest unexecuted, as if lost (a
     // conforming requester would send them again). Its queue stays bounded.
     let mut t = BedCfg::new(QpType::Rc)
-        .both(|o| o.max_rd_atomic = 4)
+        .both(|o| {
+            o.max_rd_atomic = 4;
+            o.max_dest_rd_atomic = 4;
+        })
         .build();
     let qb = t.qpn(B);
     t.fill(B, 0x100, &0u64.to_le_bytes());
