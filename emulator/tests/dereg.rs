@@ -305,3 +305,41 @@ fn read_nak_for_a_region_gone_goes_ahead_of_later_acks() {
         vec![(1, WcStatus::RemAccessErr), (2, WcStatus::WrFlushErr)]
     );
 }
+
+#[test]
+fn earlier_unacknowledged_work_requests_are_flushed_not_completed() {
+    // A WRITE leaves but its ACK is lost; then a SEND from a region deregistered before it
+    // left fails locally. The WRITE was never acknowledged: it completes WR_FLUSH_ERR as the
+    // QP enters ERR (rxe flushes every WQE still on the send queue), never SUCCESS, which would
+    // tell the program its data arrived.
+    let mut t = bed256();
+    t.filter = Box::new(|p| {
+        if p.dir == Dir::BA {
+            Verdict::Drop
+        } else {
+            Verdict::Pass
+        }
+    });
+    let (ra, rk) = t.raddr(B, 0x1000);
+    t.post_send(
+        A,
+        wr(
+            1,
+            WrOpcode::RdmaWrite {
+                remote_addr: ra,
+                rkey: rk,
+            },
+            vec![t.sge(A, 0, 100)],
+        ),
+    );
+    t.flush_now();
+    let src = extra_mr(&mut t, A, 4096, 0x5a);
+    t.post_send(A, wr(2, WrOpcode::Send, vec![sge_of(&src, 0, 100)]));
+    t.p.a.dereg_mr(src.lkey).unwrap();
+    let (wa, _) = t.settle();
+    assert_eq!(
+        st(&wa),
+        vec![(1, WcStatus::WrFlushErr), (2, WcStatus::LocProtErr)]
+    );
+    assert_eq!(t.state(A), QpState::Err);
+}

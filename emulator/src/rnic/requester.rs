@@ -53,13 +53,26 @@ pub(crate) fn complete_front(dev: &mut Dev, qp: &mut Qp) {
     }
 }
 
-/// Fails WQE `i` with `status`: WQEs before it completed already; it and everything after it
-/// complete in error and the QP enters ERR (RC), or SQE (UC, UD: IBTA 10.3.1.6).
+/// Fails WQE `i` with `status` on an answer from the responder (a NAK, a bad or undeliverable
+/// response, retries exhausted): the answer acknowledges every WQE before `i`, which complete;
+/// it and everything after it complete in error and the QP enters ERR (RC), or SQE (UC, UD:
+/// IBTA 10.3.1.6).
 pub(crate) fn fail_wqe(dev: &mut Dev, qp: &mut Qp, i: usize, status: WcStatus) {
+    fail(dev, qp, i, status, true);
+}
+
+/// Fails WQE `i` with `status` for a reason found at this end (its region went away, no route):
+/// on RC nothing acknowledged the WQEs before it, so they are flushed with WR_FLUSH_ERR as the
+/// QP enters ERR (as rxe's completer flushes its send queue), never completed as a success.
+pub(crate) fn fail_wqe_local(dev: &mut Dev, qp: &mut Qp, i: usize, status: WcStatus) {
+    fail(dev, qp, i, status, qp.qp_type != QpType::Rc);
+}
+
+fn fail(dev: &mut Dev, qp: &mut Qp, i: usize, status: WcStatus, earlier_done: bool) {
     if let Some(w) = qp.sq.get_mut(i) {
         w.error = Some(status);
     }
-    for _ in 0..i {
+    for _ in 0..if earlier_done { i } else { 0 } {
         // A read or atomic without its response is not done: it is flushed, not a success.
         match qp.sq.front() {
             Some(w) if w.wr.opcode.is_read_or_atomic() && !w.done => break,
@@ -118,7 +131,7 @@ pub(crate) fn produce(dev: &mut Dev, qp: &mut Qp, now: Nanos, buf: &mut [u8]) ->
     let idx = qp.sq_next;
     let w = qp.sq.get(idx)?;
     if let Some(st) = w.error {
-        fail_wqe(dev, qp, idx, st);
+        fail_wqe_local(dev, qp, idx, st);
         return None;
     }
     if !w.started {
@@ -140,7 +153,7 @@ pub(crate) fn produce(dev: &mut Dev, qp: &mut Qp, now: Nanos, buf: &mut [u8]) ->
             let write = matches!(w.wr.opcode, WrOpcode::RdmaRead { .. }) || w.wr.opcode.is_atomic();
             if let Err(f) = dev.mem.check_sges(qp.pd, &w.wr.sg_list, write) {
                 // A list too short cannot be: the length is the list's sum.
-                fail_wqe(dev, qp, idx, f.status());
+                fail_wqe_local(dev, qp, idx, f.status());
                 return None;
             }
         }
@@ -298,7 +311,7 @@ fn emit_packet(
         match dev.resolve(&d.ah) {
             Some(m) => Some((d.ah, m)),
             None => {
-                fail_wqe(dev, qp, idx, WcStatus::LocQpOpErr);
+                fail_wqe_local(dev, qp, idx, WcStatus::LocQpOpErr);
                 return None;
             }
         }
@@ -333,13 +346,13 @@ fn emit_packet(
         // payload and is not sent; the WQE fails with LOC_PROT_ERR (rxe: a `fill_packet`
         // failure) and the QP goes to ERR.
         (Ok(_), Err(f)) => {
-            fail_wqe(dev, qp, idx, f.status());
+            fail_wqe_local(dev, qp, idx, f.status());
             return None;
         }
         (Err(_), _) => {
             // The caller's buffer cannot hold a path-MTU packet: an engine bug, not a wire
             // condition. Fail the WQE rather than send garbage.
-            fail_wqe(dev, qp, idx, WcStatus::LocLenErr);
+            fail_wqe_local(dev, qp, idx, WcStatus::LocLenErr);
             return None;
         }
     };
