@@ -21,7 +21,7 @@ mod responder;
 pub mod state;
 pub mod verbs;
 
-use crate::rng::Rng;
+use crate::rng::{KeyRng, Seed};
 use crate::time::Nanos;
 use mr::{MemTable, MrInfo};
 use qp::{Qp, RecvWqe, SendWqe};
@@ -44,8 +44,9 @@ pub struct RnicConfig {
     pub ips: Vec<IpAddr>,
     /// The Ethernet MTU of its port (1500 gives an active MTU of 1024, as with rxe).
     pub eth_mtu: usize,
-    /// Seeds keys, QPNs and initial PSNs.
-    pub seed: u64,
+    /// Seeds keys, QPNs, initial PSNs and the addresses `reg_mr` picks (a [`KeyRng`]): a
+    /// `u64` replays, [`Seed::from_os`] is for deployment.
+    pub seed: Seed,
     /// Verify the ICRC of every received packet (drop on mismatch, IBTA A17.3.3).
     pub check_icrc: bool,
 }
@@ -56,7 +57,7 @@ impl RnicConfig {
             mac,
             ips: vec![ip],
             eth_mtu: 9000,
-            seed,
+            seed: Seed::from_u64(seed),
             check_icrc: true,
         }
     }
@@ -99,7 +100,7 @@ pub(crate) struct Cq {
 #[derive(Debug)]
 pub(crate) struct Dev {
     pub cfg: RnicConfig,
-    pub rng: Rng,
+    pub rng: KeyRng,
     pub mem: MemTable,
     pub cqs: Vec<Option<Cq>>,
     pub neighbors: HashMap<IpAddr, Mac>,
@@ -281,8 +282,8 @@ const DEVICE_ATTR: DeviceAttr = DeviceAttr {
 impl Rnic {
     pub fn new(cfg: RnicConfig) -> Rnic {
         assert!(!cfg.ips.is_empty(), "an RNIC needs at least one address");
-        let mut rng = Rng::new(cfg.seed);
-        let mut rng_for_qpns = Rng::new(rng.next_u64());
+        let mut rng = KeyRng::new(&cfg.seed);
+        let qpn_map = QpnMap::new(&mut rng);
         let active_mtu = Mtu::for_netdev_mtu(cfg.eth_mtu);
         Rnic {
             dev: Dev {
@@ -296,7 +297,7 @@ impl Rnic {
                 active_mtu,
             },
             qps: Vec::new(),
-            qpn_map: QpnMap::new(&mut rng_for_qpns),
+            qpn_map,
             last_slot: std::cell::Cell::new((Qpn::new(0), 0)),
             gsi: None,
             live_qps: 0,
@@ -343,6 +344,11 @@ impl Rnic {
     /// as hard to guess as its keys: a connection manager's starting PSNs and communication IDs.
     pub fn random_u64(&mut self) -> u64 {
         self.dev.rng.next_u64()
+    }
+    /// A 256-bit seed drawn from the device's generator, for a generator beside the core (a
+    /// connection manager's [`KeyRng`]).
+    pub fn random_seed(&mut self) -> Seed {
+        self.dev.rng.fork()
     }
 
     // ---- PD, MR, CQ ------------------------------------------------------------------------
@@ -1161,7 +1167,7 @@ pub(crate) struct QpnMap {
 }
 
 impl QpnMap {
-    fn new(rng: &mut Rng) -> QpnMap {
+    fn new(rng: &mut KeyRng) -> QpnMap {
         QpnMap {
             keys: [
                 rng.next_u32(),
@@ -1230,7 +1236,7 @@ mod tests {
 
     #[test]
     fn qpn_map_is_a_permutation_of_the_24_bit_space() {
-        let m = QpnMap::new(&mut Rng::new(3));
+        let m = QpnMap::new(&mut KeyRng::new(&Seed::from_u64(3)));
         let mut seen = vec![false; 1 << 24];
         for x in 0..1u32 << 24 {
             let y = m.encode(x);
