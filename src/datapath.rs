@@ -128,6 +128,7 @@ pub fn open(
         if let Some(ifname) = dev.strip_prefix("af_packet:") {
             let opts = AfPacketOptions {
                 promiscuous: mac.is_some(),
+                addrs: vec![ip],
             };
             let p = AfPacketPort::open(ifname, &opts).map_err(|e| e.to_string())?;
             (Box::new(p), Some(KernelGuard::new()))
