@@ -3,6 +3,7 @@
 use crate::datapath;
 use rocemu_conformance::agent::server::{serve, EngineBackend, Listener, NullBackend};
 use rocemu_emulator::engine::IdleStrategy;
+use rocemu_emulator::rng::Seed;
 use rocemu_emulator::rnic::{Rnic, RnicConfig};
 use rocemu_wire::eth::Mac;
 use std::net::IpAddr;
@@ -30,6 +31,10 @@ pub struct Args {
     /// Serve this many clients, one after the other, then exit (default: serve forever).
     #[arg(long)]
     clients: Option<usize>,
+    /// Seeds the RNIC's keys, QPNs and PSNs, to replay a run (default: a seed from the
+    /// operating system).
+    #[arg(long)]
+    seed: Option<u64>,
 }
 
 pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
@@ -45,8 +50,9 @@ fn serve_on(a: &Args, listener: &Listener) -> Result<ExitCode, Box<dyn std::erro
     if a.dev == "null" {
         let ip: IpAddr = a.ip.as_deref().unwrap_or("10.77.0.1").parse()?;
         let mac: Mac = a.mac.as_deref().unwrap_or("02:52:4f:43:45:10").parse()?;
-        let seed = std::process::id() as u64;
-        let mut b = NullBackend::new(Rnic::new(RnicConfig::new(mac, ip, seed)));
+        let mut cfg = RnicConfig::new(mac, ip, 0);
+        cfg.seed = Seed::replay_or_os(a.seed)?;
+        let mut b = NullBackend::new(Rnic::new(cfg));
         eprintln!(
             "rocemu agent: RoCEmu at {ip} (no datapath), listening on {}",
             listener.local()
@@ -57,7 +63,14 @@ fn serve_on(a: &Args, listener: &Listener) -> Result<ExitCode, Box<dyn std::erro
     let ip =
         a.ip.as_deref()
             .ok_or("--ip: the RNIC's address is needed with a datapath")?;
-    let opened = datapath::open(&a.dev, ip, a.mac.as_deref(), a.pcap.as_deref(), None)?;
+    let opened = datapath::open(
+        &a.dev,
+        ip,
+        a.mac.as_deref(),
+        a.pcap.as_deref(),
+        None,
+        a.seed,
+    )?;
     // A partial move: the rest of `opened` (the kernel's UDP 4791 guard) lives to the end.
     let ep = opened.ep;
     let mut b = EngineBackend {

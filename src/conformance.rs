@@ -127,6 +127,8 @@ fn run_agent(
         ifname,
         &AfPacketOptions {
             promiscuous: mac.is_some(),
+            // The test peer reads RoCEv2 to any address: whatever the device sends is judged.
+            addrs: Vec::new(),
         },
     )
     .map_err(|e| e.to_string())?;

@@ -4,6 +4,7 @@ use rocemu_emulator::port::af_packet::{AfPacketOptions, AfPacketPort, KernelGuar
 use rocemu_emulator::port::impair::ImpairedPort;
 use rocemu_emulator::port::wire::Impairments;
 use rocemu_emulator::port::Port;
+use rocemu_emulator::rng::Seed;
 use rocemu_emulator::rnic::{Rnic, RnicConfig};
 use rocemu_testbed::remote::Endpoint;
 use rocemu_wire::eth::Mac;
@@ -26,12 +27,18 @@ pub struct ImpairArgs {
     /// Probability that a frame has a bit flipped.
     #[arg(long, default_value_t = 0.0)]
     pub corrupt: f64,
-    /// Seeds the impairments (and the in-process run).
-    #[arg(long, default_value_t = 1)]
-    pub seed: u64,
+    /// Seeds the run, to replay it: the impairments (default 1), the in-process run, and with
+    /// --dev the RNIC's keys, QPNs, PSNs and CM IDs (default: a seed from the operating system).
+    #[arg(long)]
+    pub seed: Option<u64>,
 }
 
 impl ImpairArgs {
+    /// The impairments' seed: `--seed`, or 1.
+    pub fn impair_seed(&self) -> u64 {
+        self.seed.unwrap_or(1)
+    }
+
     /// The impairments, once every probability is checked.
     pub fn get(&self) -> Result<Impairments, String> {
         for (n, p) in [
@@ -88,7 +95,8 @@ impl EndArgs {
             &self.ip,
             self.mac.as_deref(),
             self.pcap.as_deref(),
-            Some((imp, self.imp.seed)),
+            Some((imp, self.imp.impair_seed())),
+            self.imp.seed,
         )
     }
 }
@@ -99,13 +107,15 @@ pub struct Opened {
     _guard: Option<KernelGuard>,
 }
 
-/// Opens the datapath `dev` (`af_packet:IFACE` or `dpdk:'EAL ARGS'`) as address `ip`.
+/// Opens the datapath `dev` (`af_packet:IFACE` or `dpdk:'EAL ARGS'`) as address `ip`. The RNIC's
+/// keys replay from `seed` when given; otherwise they are seeded by the operating system.
 pub fn open(
     dev: &str,
     ip: &str,
     mac: Option<&str>,
     pcap: Option<&Path>,
     impair: Option<(Impairments, u64)>,
+    seed: Option<u64>,
 ) -> Result<Opened, String> {
     let ip: IpAddr = ip
         .parse()
@@ -118,6 +128,7 @@ pub fn open(
         if let Some(ifname) = dev.strip_prefix("af_packet:") {
             let opts = AfPacketOptions {
                 promiscuous: mac.is_some(),
+                addrs: vec![ip],
             };
             let p = AfPacketPort::open(ifname, &opts).map_err(|e| e.to_string())?;
             (Box::new(p), Some(KernelGuard::new()))
@@ -137,12 +148,8 @@ pub fn open(
             port.name()
         ));
     }
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_nanos() as u64
-        ^ (std::process::id() as u64) << 40;
-    let mut cfg = RnicConfig::new(mac, ip, seed);
+    let mut cfg = RnicConfig::new(mac, ip, 0);
+    cfg.seed = Seed::replay_or_os(seed)?;
     cfg.eth_mtu = port.mtu();
     let rnic = Rnic::new(cfg);
     let port: Box<dyn Port + Send> = match impair {

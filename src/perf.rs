@@ -176,7 +176,11 @@ pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
     if imp.loss + imp.reorder + imp.duplicate + imp.corrupt > 0.0 {
         println!(
             " Impairments    : loss {} reorder {} duplicate {} corrupt {} (seed {})",
-            a.imp.loss, a.imp.reorder, a.imp.duplicate, a.imp.corrupt, a.imp.seed
+            a.imp.loss,
+            a.imp.reorder,
+            a.imp.duplicate,
+            a.imp.corrupt,
+            a.imp.impair_seed()
         );
     }
     println!("{rule}");
@@ -201,7 +205,7 @@ pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
             verify: a.verify,
             lat: a.lat,
             imp,
-            seed: a.imp.seed,
+            seed: a.imp.impair_seed(),
             qp_timeout: a.qp_timeout,
         };
         let r = if a.lat {
@@ -274,7 +278,8 @@ fn run_remote(
         ip,
         a.mac.as_deref(),
         a.pcap.as_deref(),
-        Some((a.imp.get()?, a.imp.seed)),
+        Some((a.imp.get()?, a.imp.impair_seed())),
+        a.imp.seed,
     )?;
     let tx_depth = a.tx_depth.min(iters as usize).max(1);
     let o = rocemu_testbed::remote::PerfOpts {

@@ -294,7 +294,7 @@ fn scenarios_run_over_af_packet_on_a_veth_pair() {
         let (ns, ifname) = (end.ns.clone(), end.ifname.clone());
         std::thread::spawn(move || {
             netns::enter(&ns)?;
-            AfPacketPort::open(&ifname, &AfPacketOptions { promiscuous: false }).map_err(|e| e.0)
+            AfPacketPort::open(&ifname, &AfPacketOptions::default()).map_err(|e| e.0)
         })
         .join()
         .unwrap()

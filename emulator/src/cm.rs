@@ -18,7 +18,7 @@
 //! Not yet: MRA, LAP/APR (alternate paths), SIDR, and the time-wait state's stale-connection
 //! checks. `rocemu-testbed`'s `rdmacm` wires it to an engine for `rocemu rping`, `perf -R` and
 //! `pingpong --rdma-cm`; the conformance agent (`rocemu-conformance`, `agent::cm`) to its RNIC.
-use crate::rng::Rng;
+use crate::rng::{KeyRng, Seed};
 use crate::time::Nanos;
 use rocemu_wire::cm::{
     CmMadRepr, CmMessage, CmPath, CommId, DreqRepr, Guid, MsgKind, RejReason, RejRepr, RepRepr,
@@ -137,7 +137,9 @@ struct Conn {
 pub struct CmAgent {
     local_ip: IpAddr,
     guid: Guid,
-    rng: Rng,
+    /// Communication and transaction IDs: a peer must not guess the next one (a forged REJ or
+    /// DREQ names them).
+    rng: KeyRng,
     /// 5-bit exponent: how long to wait for an answer (Linux uses 20: about 4.3 s).
     pub cm_response_timeout: u8,
     pub max_cm_retries: u8,
@@ -155,11 +157,18 @@ fn gid(ip: IpAddr) -> Ipv6Addr {
 }
 
 impl CmAgent {
+    /// An agent whose IDs replay from `seed` (the simulator, tests).
     pub fn new(local_ip: IpAddr, guid: u64, seed: u64) -> CmAgent {
+        CmAgent::with_seed(local_ip, guid, &Seed::from_u64(seed))
+    }
+
+    /// An agent whose IDs come from `seed`: in deployment, one drawn from the RNIC's generator
+    /// ([`Rnic::random_seed`](crate::rnic::Rnic::random_seed)).
+    pub fn with_seed(local_ip: IpAddr, guid: u64, seed: &Seed) -> CmAgent {
         CmAgent {
             local_ip,
             guid: Guid(guid),
-            rng: Rng::new(seed),
+            rng: KeyRng::new(seed),
             cm_response_timeout: 20,
             max_cm_retries: 15,
             listens: Vec::new(),

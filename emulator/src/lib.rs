@@ -4,7 +4,8 @@
 //!   draws its own randomness. Frames come in through [`rnic::Rnic::handle_frame`], go out
 //!   through [`rnic::Rnic::poll_transmit`]; deadlines come out of [`rnic::Rnic::poll_timeout`]
 //!   and are served by [`rnic::Rnic::handle_timeout`]. Randomness (keys, QPNs, initial PSNs)
-//!   comes from the seed given at creation, so every run replays from its seed.
+//!   comes from the seed given at creation through a ChaCha20 generator ([`rng::KeyRng`]):
+//!   a `u64` seed replays a run, a seed from the OS makes the keys unguessable in deployment.
 //! * [`port`] moves whole Ethernet frames: the in-process wire with a virtual clock and seeded
 //!   impairments lives here.
 // Unsafe code only where a kernel interface demands it (`port::af_packet`); the core forbids it.

@@ -323,9 +323,9 @@ pub(crate) fn perf(ep: &mut Endpoint, o: &PerfOpts) -> Result<PerfOutcome, Strin
         }
         _ => 0,
     };
-    let side = |qpn, path_mtu| RcSide {
+    let side = |qpn, path_mtu, psn| RcSide {
         qpn,
-        psn: random_psn(),
+        psn,
         path_mtu,
         responder_resources: reads,
         initiator_depth: reads,
@@ -335,7 +335,7 @@ pub(crate) fn perf(ep: &mut Endpoint, o: &PerfOpts) -> Result<PerfOutcome, Strin
     // 1. The exchange connection.
     let ctl_side = RcSide {
         timeout: CTL_ACK_TIMEOUT,
-        ..side(ctl.qpn, want_enum)
+        ..side(ctl.qpn, want_enum, random_psn(&mut ep.rnic))
     };
     ctl.conn = Some(match peer {
         Some(ip) => {
@@ -367,7 +367,7 @@ pub(crate) fn perf(ep: &mut Endpoint, o: &PerfOpts) -> Result<PerfOutcome, Strin
         x.hand_shake(&my[0]).map_err(|e| e.to_string())?;
         let mtu_enum = mtu_to_enum(mtu.bytes() as u32).unwrap_or(want_enum);
         for (qi, q) in setup.qps.iter().enumerate() {
-            let mut me = side(q.qpn, mtu_enum);
+            let mut me = side(q.qpn, mtu_enum, random_psn(&mut ep.rnic));
             me.psn = q.psn;
             let c = match peer {
                 Some(ip) => {

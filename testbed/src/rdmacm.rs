@@ -107,13 +107,12 @@ impl Cm {
         }
         let ip = r.ips()[0];
         let guid = r.node_guid();
-        let seed = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_nanos() as u64;
+        // The CM's IDs are drawn from a generator forked from the RNIC's: unguessable in
+        // deployment (the RNIC is seeded by the OS), replayed with `--seed`.
+        let seed = r.random_seed();
         Ok(Cm {
             gsi,
-            agent: CmAgent::new(ip, guid, seed),
+            agent: CmAgent::with_seed(ip, guid, &seed),
             events: VecDeque::new(),
         })
     }

@@ -113,14 +113,10 @@ pub fn gid_ip(gid: &[u8; 16], who: &str) -> Result<IpAddr, String> {
     })
 }
 
-/// A random initial PSN (as perftest's and rdma-core's `lrand48() & 0xffffff`).
-pub(crate) fn random_psn() -> Psn {
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_nanos() as u64;
-    let mut r = rocemu_emulator::rng::Rng::new(t ^ (std::process::id() as u64) << 32);
-    Psn::new(r.next_u32() & 0x00ff_ffff)
+/// A random initial PSN (where perftest and rdma-core take `lrand48() & 0xffffff`), from the
+/// RNIC's key generator: as hard to guess as its R_Keys, and replayed with its seed.
+pub(crate) fn random_psn(r: &mut Rnic) -> Psn {
+    Psn::new(r.random_u64() as u32 & 0x00ff_ffff)
 }
 
 fn verr(e: VerbsError) -> String {
@@ -636,7 +632,7 @@ pub fn pingpong(ep: &mut Endpoint, o: &PingpongOpts) -> Result<PingpongResult, S
         pd_cq: cq,
         qpn,
         mr,
-        psn: random_psn(),
+        psn: random_psn(r),
         ud,
     };
     pp_post_recv(r, &c, o.size, o.rx_depth)?;
@@ -1015,7 +1011,7 @@ pub(crate) fn perf_qps(
         };
         qps.push(PerfQp {
             qpn,
-            psn: random_psn(),
+            psn: random_psn(r),
             off: i * region,
         });
     }

@@ -228,7 +228,7 @@ pub fn rping(ep: &mut Endpoint, o: &RpingOpts) -> Result<Vec<String>, String> {
     let d = Data::new(ep, o.size)?;
     let me = RcSide {
         qpn: d.qpn,
-        psn: crate::remote::random_psn(),
+        psn: crate::remote::random_psn(&mut ep.rnic),
         path_mtu: crate::oob::mtu_to_enum(ep.rnic.active_mtu().bytes() as u32).unwrap_or(5),
         responder_resources: 1,
         initiator_depth: 1,

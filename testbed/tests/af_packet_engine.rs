@@ -34,7 +34,12 @@ fn side(
     rx: mpsc::Receiver<Dest>,
 ) -> Result<String, String> {
     rocemu_testbed::netns::enter(&ns)?;
-    let port = AfPacketPort::open(&ifname, &AfPacketOptions::default()).map_err(|e| e.0)?;
+    // The filter for our own address only: what the engine and the RNIC need still comes in.
+    let opts = AfPacketOptions {
+        addrs: vec![me],
+        ..Default::default()
+    };
+    let port = AfPacketPort::open(&ifname, &opts).map_err(|e| e.0)?;
     let _guard = KernelGuard::new();
     let mut cfg = RnicConfig::new(port.mac(), me, if active { 11 } else { 22 });
     cfg.eth_mtu = port.mtu();

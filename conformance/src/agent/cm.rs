@@ -5,7 +5,8 @@
 //!
 //! Invariants:
 //! * The starting PSN a REP announces is drawn from the RNIC's seeded generator
-//!   ([`Rnic::random_u64`]), and so are the CM's communication and transaction IDs: no clock,
+//!   ([`Rnic::random_u64`]), and so are the CM's communication and transaction IDs (a
+//!   generator seeded by [`Rnic::random_seed`]): no clock,
 //!   no OS randomness (DESIGN.md). The QP is programmed with the PSN announced (`rq_psn`).
 //! * Sans-IO, like the core: [`CmService::turn`] takes `now` and is called by whoever turns
 //!   the RNIC (virtual time in `dut::SelfDut`, the engine's thread in `rocemu agent`);
@@ -124,14 +125,14 @@ impl CmService {
             .create_cq(4 * MAX_CONNECTIONS)
             .map_err(verbs("the connections' CQ"))?;
         let guid = rnic.node_guid();
-        let seed = rnic.random_u64();
+        let seed = rnic.random_seed();
         let ip = rnic.ips()[0];
         let s = CmService {
             gsi_qpn,
             gsi_cq,
             mr,
             busy: [false; SENDS],
-            agent: CmAgent::new(ip, guid, seed),
+            agent: CmAgent::with_seed(ip, guid, &seed),
             pd,
             cq,
             ports: Vec::new(),

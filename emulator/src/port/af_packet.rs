@@ -13,12 +13,19 @@
 //!
 //! Our own transmissions are not looped back to us (`PACKET_IGNORE_OUTGOING`), and transmission
 //! bypasses the qdisc layer (`PACKET_QDISC_BYPASS`), as a NIC driver's queue would.
+//!
+//! On a shared interface most frames are the kernel's (SSH, DNS, …). A classic BPF filter
+//! ([`roce_filter`], `SO_ATTACH_FILTER`) lets through only what the RNIC and the engine read:
+//! RoCEv2 (UDP 4791) to our addresses, ARP, and IPv6 neighbour solicitations and
+//! advertisements. The socket is created with protocol 0, so it receives nothing until it is
+//! bound, after the filter is attached; it is drained once after binding all the same.
 #![allow(unsafe_code)]
 
 use super::{Port, PortError, PortStats};
 use rocemu_wire::eth::Mac;
 use std::ffi::CString;
 use std::io;
+use std::net::IpAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 // From <linux/if_packet.h>; not all are in the libc crate.
@@ -30,6 +37,168 @@ const PACKET_IGNORE_OUTGOING: libc::c_int = 23;
 pub struct AfPacketOptions {
     /// Receive frames for every MAC (needed when RoCEmu uses a MAC other than the interface's).
     pub promiscuous: bool,
+    /// The addresses whose RoCEv2 datagrams are read (UDP 4791 to one of them); empty: to any
+    /// address (a test peer that watches everything a device sends).
+    pub addrs: Vec<IpAddr>,
+}
+
+// Classic BPF (<linux/bpf_common.h>, <linux/filter.h>).
+const BPF_LD_W_ABS: u16 = 0x20; // ld  [k]         A = 32 bits at k
+const BPF_LD_H_ABS: u16 = 0x28; // ldh [k]         A = 16 bits at k
+const BPF_LD_B_ABS: u16 = 0x30; // ldb [k]         A = 8 bits at k
+const BPF_LD_H_IND: u16 = 0x48; // ldh [x + k]     A = 16 bits at X + k
+const BPF_LDX_B_MSH: u16 = 0xb1; // ldxb 4*([k]&0xf) X = the IPv4 header length at k
+const BPF_JEQ_K: u16 = 0x15; // jeq #k          A == k ? jt : jf
+const BPF_JSET_K: u16 = 0x45; // jset #k         A & k != 0 ? jt : jf
+const BPF_RET_K: u16 = 0x06; // ret #k          keep k bytes of the frame (0: drop it)
+
+/// Where a jump of the program goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum To {
+    Next,
+    L(String),
+}
+
+/// A classic BPF program with forward jumps to named labels, resolved by [`Bpf::finish`].
+#[derive(Debug, Default)]
+struct Bpf {
+    ins: Vec<(u16, To, To, u32)>,
+    labels: Vec<(String, usize)>,
+}
+
+impl Bpf {
+    fn label(&mut self, name: &str) {
+        self.labels.push((name.to_string(), self.ins.len()));
+    }
+    fn op(&mut self, code: u16, k: u32) {
+        self.ins.push((code, To::Next, To::Next, k));
+    }
+    fn jump(&mut self, code: u16, k: u32, jt: To, jf: To) {
+        self.ins.push((code, jt, jf, k));
+    }
+    fn finish(self) -> Result<Vec<libc::sock_filter>, String> {
+        let at = |i: usize, t: &To| -> Result<u8, String> {
+            let target = match t {
+                To::Next => i + 1,
+                To::L(l) => self
+                    .labels
+                    .iter()
+                    .find(|(n, _)| n == l)
+                    .map(|&(_, p)| p)
+                    .ok_or_else(|| format!("BPF label {l} missing"))?,
+            };
+            target
+                .checked_sub(i + 1)
+                .and_then(|d| u8::try_from(d).ok())
+                .ok_or_else(|| "too many addresses for the packet filter's jumps".to_string())
+        };
+        self.ins
+            .iter()
+            .enumerate()
+            .map(|(i, (code, jt, jf, k))| {
+                Ok(libc::sock_filter {
+                    code: *code,
+                    jt: at(i, jt)?,
+                    jf: at(i, jf)?,
+                    k: *k,
+                })
+            })
+            .collect()
+    }
+}
+
+/// The classic BPF program that keeps RoCEv2 to `addrs` (any address when empty), ARP and
+/// IPv6 neighbour discovery, with or without one 802.1Q tag in the frame (the kernel usually
+/// strips the tag before a packet socket sees the frame; one left in it is handled too), and
+/// drops everything else. Loads past the end of a frame drop it (classic BPF's rule).
+///
+/// In tcpdump's terms, for one IPv4 address A and one IPv6 address B:
+/// `arp or (udp dst port 4791 and (dst host A or dst host B) and not ip[6:2] & 0x1fff != 0)
+///  or (ip6 and ip6[6] == 58 and (ip6[40] == 135 or ip6[40] == 136))`, and the same after
+/// `vlan`; IPv6 only without extension headers (next header UDP or ICMPv6 directly).
+pub fn roce_filter(addrs: &[IpAddr]) -> Result<Vec<libc::sock_filter>, String> {
+    let l = |s: &str| To::L(s.to_string());
+    let mut p = Bpf::default();
+    p.op(BPF_LD_H_ABS, 12); // A = EtherType
+    p.jump(BPF_JEQ_K, 0x8100, l("tagged"), To::Next); // an 802.1Q tag in the frame?
+    body(&mut p, 14, addrs); // untagged: the network header at 14
+    p.label("tagged");
+    p.op(BPF_LD_H_ABS, 16); // A = the EtherType after the tag
+    body(&mut p, 18, addrs); // tagged: the network header at 18
+    p.label("accept");
+    p.op(BPF_RET_K, 0x0004_0000); // keep the whole frame
+    p.label("reject");
+    p.op(BPF_RET_K, 0); // drop it
+    p.finish()
+}
+
+/// The checks after the EtherType (in A), for a network header at `base`.
+fn body(p: &mut Bpf, base: u32, addrs: &[IpAddr]) {
+    let here = |s: &str| format!("{s}{base}");
+    let l = |s: &str| To::L(here(s));
+    let (accept, reject) = (To::L("accept".into()), To::L("reject".into()));
+    p.jump(BPF_JEQ_K, 0x0806, accept.clone(), To::Next); // ARP: the engine answers it
+    p.jump(BPF_JEQ_K, 0x0800, l("v4"), To::Next); // IPv4
+    p.jump(BPF_JEQ_K, 0x86dd, l("v6"), reject.clone()); // IPv6, or nothing we read
+
+    p.label(&here("v4"));
+    p.op(BPF_LD_B_ABS, base + 9); // A = IPv4 protocol
+    p.jump(BPF_JEQ_K, 17, To::Next, reject.clone()); // UDP
+    p.op(BPF_LD_H_ABS, base + 6); // A = flags and fragment offset
+    p.jump(BPF_JSET_K, 0x1fff, reject.clone(), To::Next); // a later fragment: no UDP header
+    p.op(BPF_LDX_B_MSH, base); // X = IPv4 header length (IHL × 4: options honoured)
+    p.op(BPF_LD_H_IND, base + 2); // A = UDP destination port
+    p.jump(BPF_JEQ_K, 4791, To::Next, reject.clone()); // RoCEv2
+    let v4: Vec<u32> = addrs
+        .iter()
+        .filter_map(|a| match a {
+            IpAddr::V4(a) => Some(u32::from(*a)),
+            IpAddr::V6(_) => None,
+        })
+        .collect();
+    if addrs.is_empty() {
+        p.jump(BPF_JEQ_K, 0, reject.clone(), accept.clone()); // (A is 4791): to any address
+    } else {
+        p.op(BPF_LD_W_ABS, base + 16); // A = IPv4 destination
+        for a in &v4 {
+            p.jump(BPF_JEQ_K, *a, accept.clone(), To::Next); // one of ours
+        }
+        p.jump(BPF_JEQ_K, 0, reject.clone(), reject.clone()); // none of ours
+    }
+
+    p.label(&here("v6"));
+    p.op(BPF_LD_B_ABS, base + 6); // A = IPv6 next header
+    p.jump(BPF_JEQ_K, 58, l("icmp6"), To::Next); // ICMPv6
+    p.jump(BPF_JEQ_K, 17, To::Next, reject.clone()); // UDP, directly after the fixed header
+    p.op(BPF_LD_H_ABS, base + 40 + 2); // A = UDP destination port
+    p.jump(BPF_JEQ_K, 4791, To::Next, reject.clone()); // RoCEv2
+    let v6: Vec<[u8; 16]> = addrs
+        .iter()
+        .filter_map(|a| match a {
+            IpAddr::V6(a) => Some(a.octets()),
+            IpAddr::V4(_) => None,
+        })
+        .collect();
+    if addrs.is_empty() {
+        p.jump(BPF_JEQ_K, 0, reject.clone(), accept.clone()); // (A is 4791): to any address
+    } else {
+        for (i, a) in v6.iter().enumerate() {
+            let next = here(&format!("v6addr{i}-"));
+            for w in 0..4 {
+                let word = u32::from_be_bytes(a[w * 4..w * 4 + 4].try_into().expect("4 bytes"));
+                p.op(BPF_LD_W_ABS, base + 24 + 4 * w as u32); // A = destination word w
+                let on = if w == 3 { accept.clone() } else { To::Next };
+                p.jump(BPF_JEQ_K, word, on, To::L(next.clone())); // equal to ours?
+            }
+            p.label(&next);
+        }
+        p.jump(BPF_JEQ_K, 0, reject.clone(), reject.clone()); // none of ours
+    }
+
+    p.label(&here("icmp6"));
+    p.op(BPF_LD_B_ABS, base + 40); // A = ICMPv6 type
+    p.jump(BPF_JEQ_K, 135, accept.clone(), To::Next); // neighbour solicitation
+    p.jump(BPF_JEQ_K, 136, accept, reject); // neighbour advertisement, or not ND
 }
 
 /// A packet socket bound to one interface.
@@ -91,6 +260,51 @@ fn ifreq_for(ifname: &str) -> Result<libc::ifreq, PortError> {
     Ok(ifr)
 }
 
+/// Attaches the classic BPF program `prog` to the socket `fd` (the kernel checks it first).
+fn attach_filter(fd: &OwnedFd, prog: &[libc::sock_filter]) -> io::Result<()> {
+    let fprog = libc::sock_fprog {
+        len: u16::try_from(prog.len()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?,
+        filter: prog.as_ptr() as *mut libc::sock_filter,
+    };
+    // SAFETY: `fprog` points at `prog`, which outlives the call (the kernel copies it).
+    let r = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_ATTACH_FILTER,
+            (&fprog as *const libc::sock_fprog).cast(),
+            std::mem::size_of::<libc::sock_fprog>() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Reads and drops what is queued on `fd`: a frame that came in before the filter held (none
+/// should, the socket being bound after the filter is attached). Bounded: a busy link cannot
+/// keep it reading.
+fn drain(fd: &OwnedFd) {
+    let mut b = [0u8; 64];
+    let mut n = 0;
+    // SAFETY: reads into `b` within its length; MSG_DONTWAIT never blocks, MSG_TRUNC drops
+    // the rest of a longer frame.
+    while unsafe {
+        libc::recv(
+            fd.as_raw_fd(),
+            b.as_mut_ptr().cast(),
+            b.len(),
+            libc::MSG_DONTWAIT | libc::MSG_TRUNC,
+        )
+    } >= 0
+        && n < 4096
+    {
+        n += 1;
+    }
+}
+
 impl AfPacketPort {
     /// Opens a packet socket on `ifname` (which must exist and be up).
     pub fn open(ifname: &str, opts: &AfPacketOptions) -> Result<AfPacketPort, PortError> {
@@ -102,12 +316,14 @@ impl AfPacketPort {
             return Err(os_err("if_nametoindex", ifname));
         }
         let proto = (libc::ETH_P_ALL as u16).to_be();
+        // Protocol 0: no frame is queued to the socket before `bind` names ETH_P_ALL, after
+        // the filter is attached.
         // SAFETY: plain system call; the result is checked before use.
         let raw = unsafe {
             libc::socket(
                 libc::AF_PACKET,
                 libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-                proto as libc::c_int,
+                0,
             )
         };
         if raw < 0 {
@@ -130,6 +346,12 @@ impl AfPacketPort {
             }
         }
 
+        let prog =
+            roce_filter(&opts.addrs).map_err(|e| PortError(format!("af_packet:{ifname}: {e}")))?;
+        if attach_filter(&fd, &prog).is_err() {
+            return Err(os_err("SO_ATTACH_FILTER (the RoCE packet filter)", ifname));
+        }
+
         // SAFETY: sockaddr_ll is plain old data; all zeroes is a valid value.
         let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
         sll.sll_family = libc::AF_PACKET as u16;
@@ -146,6 +368,7 @@ impl AfPacketPort {
         if r != 0 {
             return Err(os_err("bind", ifname));
         }
+        drain(&fd);
 
         // Multicast (IPv6 neighbour discovery), or everything.
         // SAFETY: packet_mreq is plain old data; all zeroes is a valid value.
@@ -442,5 +665,40 @@ fn sockaddr_of(a: std::net::SocketAddr) -> (libc::sockaddr_storage, libc::sockle
                 std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t,
             )
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn udp_socket() -> OwnedFd {
+        // SAFETY: plain system call; checked before use.
+        let raw = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+        assert!(raw >= 0);
+        // SAFETY: a fresh descriptor that nothing else owns.
+        unsafe { OwnedFd::from_raw_fd(raw) }
+    }
+
+    /// The kernel's checker accepts the program, for every shape of address list (a UDP
+    /// socket takes the same SO_ATTACH_FILTER as a packet socket, without root); a program it
+    /// refuses is an error, not ignored.
+    #[test]
+    fn the_kernel_loads_the_filter_and_refuses_a_broken_one() {
+        let v4: IpAddr = "10.0.0.1".parse().unwrap();
+        let v6: IpAddr = "fd00::1".parse().unwrap();
+        for addrs in [
+            vec![],
+            vec![v4],
+            vec![v6],
+            vec![v4, v6, "10.0.0.2".parse().unwrap()],
+        ] {
+            let p = roce_filter(&addrs).unwrap();
+            attach_filter(&udp_socket(), &p).unwrap_or_else(|e| panic!("{addrs:?}: {e}"));
+        }
+        let mut p = roce_filter(&[v4]).unwrap();
+        p[1].jt = 250; // past the end of the program
+        let e = attach_filter(&udp_socket(), &p).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EINVAL), "{e}");
     }
 }

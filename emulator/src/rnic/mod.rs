@@ -23,7 +23,7 @@ pub mod state;
 pub mod verbs;
 
 use crate::engine::neighbors::Neighbors;
-use crate::rng::Rng;
+use crate::rng::{KeyRng, Seed};
 use crate::time::Nanos;
 use mr::{MemTable, MrInfo};
 use qp::{Qp, RecvWqe, SendWqe};
@@ -47,8 +47,9 @@ pub struct RnicConfig {
     pub ips: Vec<IpAddr>,
     /// The Ethernet MTU of its port (1500 gives an active MTU of 1024, as with rxe).
     pub eth_mtu: usize,
-    /// Seeds keys, QPNs and initial PSNs.
-    pub seed: u64,
+    /// Seeds keys, QPNs, initial PSNs and the addresses `reg_mr` picks (a [`KeyRng`]): a
+    /// `u64` replays, [`Seed::from_os`] is for deployment.
+    pub seed: Seed,
     /// Verify the ICRC of every received packet (drop on mismatch, IBTA A17.3.3).
     pub check_icrc: bool,
 }
@@ -59,7 +60,7 @@ impl RnicConfig {
             mac,
             ips: vec![ip],
             eth_mtu: 9000,
-            seed,
+            seed: Seed::from_u64(seed),
             check_icrc: true,
         }
     }
@@ -117,7 +118,7 @@ pub(crate) struct Cq {
 #[derive(Debug)]
 pub(crate) struct Dev {
     pub cfg: RnicConfig,
-    pub rng: Rng,
+    pub rng: KeyRng,
     pub mem: MemTable,
     pub cqs: Vec<Option<Cq>>,
     /// The engine's neighbour table as the RNIC last heard it (bounded; see [`Neighbors`]).
@@ -324,8 +325,8 @@ const DEVICE_ATTR: DeviceAttr = DeviceAttr {
 impl Rnic {
     pub fn new(cfg: RnicConfig) -> Rnic {
         assert!(!cfg.ips.is_empty(), "an RNIC needs at least one address");
-        let mut rng = Rng::new(cfg.seed);
-        let mut rng_for_qpns = Rng::new(rng.next_u64());
+        let mut rng = KeyRng::new(&cfg.seed);
+        let qpn_map = QpnMap::new(&mut rng);
         let active_mtu = Mtu::for_netdev_mtu(cfg.eth_mtu);
         Rnic {
             dev: Dev {
@@ -341,7 +342,7 @@ impl Rnic {
                 async_events: VecDeque::new(),
             },
             qps: Vec::new(),
-            qpn_map: QpnMap::new(&mut rng_for_qpns),
+            qpn_map,
             slots: Slots::default(),
             last_slot: std::cell::Cell::new((Qpn::new(0), 0)),
             gsi: None,
@@ -404,6 +405,11 @@ impl Rnic {
     /// as hard to guess as its keys: a connection manager's starting PSNs and communication IDs.
     pub fn random_u64(&mut self) -> u64 {
         self.dev.rng.next_u64()
+    }
+    /// A 256-bit seed drawn from the device's generator, for a generator beside the core (a
+    /// connection manager's [`KeyRng`]).
+    pub fn random_seed(&mut self) -> Seed {
+        self.dev.rng.fork()
     }
 
     // ---- PD, MR, CQ ------------------------------------------------------------------------

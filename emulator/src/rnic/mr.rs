@@ -2,10 +2,10 @@
 //! safe Rust: nothing outside it can alias them); applications read and write them through the
 //! verbs API. Every access — local through an L_Key, remote through an R_Key — is checked for
 //! the key, the protection domain, the permission and the bounds before a byte moves
-//! (IBTA 10.6.3, 9.4.4.3). Keys are drawn from the seeded generator: not guessable from each
-//! other (ReDMArk's first attack was predictable R_Keys).
+//! (IBTA 10.6.3, 9.4.4.3). Keys are drawn from the device's ChaCha20 generator ([`KeyRng`]): not guessable
+//! from each other (ReDMArk's first attack was predictable R_Keys).
 use super::verbs::{Access, PdId, Sge, WcStatus};
-use crate::rng::Rng;
+use crate::rng::KeyRng;
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -96,7 +96,7 @@ impl MemTable {
         self.pds.get(pd.0 as usize).copied().unwrap_or(false)
     }
 
-    fn fresh_key(&self, rng: &mut Rng) -> u32 {
+    fn fresh_key(&self, rng: &mut KeyRng) -> u32 {
         loop {
             let k = rng.next_u32();
             if k != 0 && !self.by_lkey.contains_key(&k) && !self.by_rkey.contains_key(&k) {
@@ -107,7 +107,7 @@ impl MemTable {
 
     pub fn register(
         &mut self,
-        rng: &mut Rng,
+        rng: &mut KeyRng,
         pd: PdId,
         addr: u64,
         length: u64,
@@ -380,7 +380,7 @@ mod tests {
     #[test]
     fn local_checks_refuse_an_sge_that_wraps() {
         // A region at address 0: an SGE near 2^64 must not wrap past the bounds check.
-        let mut rng = Rng::new(1);
+        let mut rng = KeyRng::new(&crate::rng::Seed::from_u64(1));
         let mut t = MemTable::default();
         let pd = t.alloc_pd();
         let mr = t.register(&mut rng, pd, 0, 4096, Access::LOCAL_WRITE);
@@ -402,7 +402,7 @@ mod tests {
 
     #[test]
     fn remote_checks() {
-        let mut rng = Rng::new(1);
+        let mut rng = KeyRng::new(&crate::rng::Seed::from_u64(1));
         let mut t = MemTable::default();
         let pd = t.alloc_pd();
         let pd2 = t.alloc_pd();
@@ -456,7 +456,7 @@ mod tests {
 
     #[test]
     fn scatter_gather_across_sges() {
-        let mut rng = Rng::new(2);
+        let mut rng = KeyRng::new(&crate::rng::Seed::from_u64(2));
         let mut t = MemTable::default();
         let pd = t.alloc_pd();
         let a = t.register(&mut rng, pd, 0x1000, 16, Access::LOCAL_WRITE);
@@ -527,7 +527,7 @@ mod tests {
     fn scatter_gather_fail_once_a_region_is_gone() {
         // Checked at post, deregistered before the copy: the copy fails, it does not silently
         // do nothing (which sent stale bytes and completed reads without data).
-        let mut rng = Rng::new(3);
+        let mut rng = KeyRng::new(&crate::rng::Seed::from_u64(3));
         let mut t = MemTable::default();
         let pd = t.alloc_pd();
         let other = t.alloc_pd();

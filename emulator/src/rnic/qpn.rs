@@ -17,7 +17,7 @@
 //! * QPNs 0 and 1 (the special QPs: QP1 is created apart, with its fixed number) and 0xFFFFFF
 //!   (multicast) are never handed out: an input whose image is one of them is skipped by moving to the next
 //!   generation.
-use crate::rng::Rng;
+use crate::rng::KeyRng;
 use rocemu_wire::Qpn;
 use std::collections::VecDeque;
 
@@ -30,27 +30,31 @@ const GEN_MASK: u8 = (1 << GEN_BITS) - 1;
 /// Free slots kept before the oldest of them is reused.
 pub(crate) const FREE_RESERVE: usize = 256;
 
-/// A keyed permutation of the 24-bit QPN space (a four-round Feistel network on two 12-bit
-/// halves).
+/// A keyed permutation of the 24-bit QPN space: a Feistel network on two 12-bit halves,
+/// [`ROUNDS`] rounds, each round's function a 64-bit multiply-xorshift mix (SplitMix64's
+/// finaliser) of the half under its own 64-bit key from the device's ChaCha20 generator. With a
+/// pseudo-random round function four rounds already make a strong pseudo-random permutation
+/// (Luby–Rackoff); the mix is not a proven PRF, so six rounds and 384 key bits leave a peer that
+/// collects its own QPNs nothing cheaper than guessing.
 #[derive(Debug, Clone)]
 pub(crate) struct QpnMap {
-    keys: [u32; 4],
+    keys: [u64; ROUNDS],
 }
 
+const ROUNDS: usize = 6;
+
 impl QpnMap {
-    pub fn new(rng: &mut Rng) -> QpnMap {
+    pub fn new(rng: &mut KeyRng) -> QpnMap {
         QpnMap {
-            keys: [
-                rng.next_u32(),
-                rng.next_u32(),
-                rng.next_u32(),
-                rng.next_u32(),
-            ],
+            keys: std::array::from_fn(|_| rng.next_u64()),
         }
     }
-    fn f(x: u32, k: u32) -> u32 {
-        let v = (x ^ k).wrapping_mul(0x9e37_79b1);
-        (v ^ (v >> 15) ^ (k >> 12)) & 0xfff
+    #[inline]
+    fn f(x: u32, k: u64) -> u32 {
+        let mut v = u64::from(x) ^ k;
+        v = (v ^ (v >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        v = (v ^ (v >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        ((v ^ (v >> 31)) & 0xfff) as u32
     }
     fn encode(&self, x: u32) -> u32 {
         let (mut l, mut r) = ((x >> 12) & 0xfff, x & 0xfff);
@@ -130,7 +134,7 @@ mod tests {
 
     #[test]
     fn qpn_map_is_a_permutation_of_the_24_bit_space() {
-        let m = QpnMap::new(&mut Rng::new(3));
+        let m = QpnMap::new(&mut KeyRng::new(&crate::rng::Seed::from_u64(3)));
         let mut seen = vec![false; 1 << 24];
         for x in 0..1u32 << 24 {
             let y = m.encode(x);
@@ -146,7 +150,7 @@ mod tests {
 
     #[test]
     fn every_generation_of_a_slot_has_its_own_qpn_and_decodes_to_the_slot() {
-        let m = QpnMap::new(&mut Rng::new(5));
+        let m = QpnMap::new(&mut KeyRng::new(&crate::rng::Seed::from_u64(5)));
         for slot in [0, 1, 77, MAX_SLOTS - 1] {
             let qpns: std::collections::HashSet<u32> =
                 (0..=GEN_MASK).map(|g| m.qpn(slot, g)).collect();
@@ -159,7 +163,7 @@ mod tests {
 
     #[test]
     fn slots_stay_bounded_and_are_reused_in_fifo_order() {
-        let m = QpnMap::new(&mut Rng::new(7));
+        let m = QpnMap::new(&mut KeyRng::new(&crate::rng::Seed::from_u64(7)));
         let mut s = Slots::default();
         let mut last = Vec::new();
         for _ in 0..100_000 {
