@@ -523,6 +523,13 @@ impl CmAgent {
         self.events.retain(|e| e.id() != id);
     }
 
+    /// Forgets a connection without a word: for a REQ whose sender cannot be reached (its
+    /// address never resolves), where a REJ would have nowhere to go.
+    pub fn abandon(&mut self, id: CommId) {
+        self.forget(id.0);
+        self.events.retain(|e| e.id() != id);
+    }
+
     /// A MAD that arrived on QP1 from `from`.
     pub fn handle_mad(&mut self, now: Nanos, from: IpAddr, bytes: &[u8]) {
         self.tick(now);
