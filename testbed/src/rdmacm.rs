@@ -32,7 +32,9 @@ use std::time::{Duration, Instant};
 
 /// The GSI Q_Key (IBTA 13.5.1).
 const GRH: usize = 40;
-const MAD_RECVS: usize = 16;
+/// Receives kept posted on QP1: a burst of MADs beyond them is dropped by the RNIC (counted
+/// there), as a NIC drops what finds no receive; enough for a burst of the engine's.
+const MAD_RECVS: usize = 64;
 /// How long a CM step (an answer to a REQ, a REQ on a listener) may take.
 pub(crate) const CM_TIMEOUT: Duration = Duration::from_secs(30);
 const RESOLVE: Duration = Duration::from_secs(5);
@@ -223,7 +225,7 @@ impl Cm {
         let w = ep.engine.poll(&mut ep.rnic);
         let now = ep.engine.now();
         let mut wcs = Vec::new();
-        ep.rnic.poll_cq_into(self.gsi.cq, 8, &mut wcs);
+        ep.rnic.poll_cq_into(self.gsi.cq, MAD_RECVS, &mut wcs);
         for wc in &wcs {
             if wc.wr_id < ID_MAD_RECV * 1000 {
                 continue; // a send completion
