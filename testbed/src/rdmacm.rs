@@ -46,10 +46,10 @@ const ID_MAD_SEND: u64 = 11;
 const UNRESOLVED_PEERS: usize = 32;
 const UNRESOLVED_MADS: usize = 4;
 /// How often an unresolved address is asked about again, and for how long.
-const SOLICIT_EVERY: Duration = Duration::from_millis(500);
-pub(crate) const SOLICIT_FOR: Duration = Duration::from_secs(3);
+pub const SOLICIT_EVERY: Duration = Duration::from_millis(500);
+pub const SOLICIT_FOR: Duration = Duration::from_secs(3);
 /// Events kept for a step that has not asked for them yet; beyond, the oldest go.
-const EVENTS_MAX: usize = 1024;
+pub const EVENTS_MAX: usize = 1024;
 
 /// What QP1's glue counts (the agent counts the rest, [`CmCounters`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
