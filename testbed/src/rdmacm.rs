@@ -539,8 +539,9 @@ impl Cm {
                 }
             }
         };
-        // Requests still being resolved stay for the next accept.
+        // Requests still being resolved stay for the next accept (which asks again).
         for w in waiting.into_iter().rev() {
+            ep.engine.forget_solicit(w.from);
             self.events.push_front(CmEvent::ConnectRequest {
                 id: w.id,
                 from: w.from,
@@ -590,6 +591,7 @@ impl Cm {
             while i < waiting.len() {
                 let w = &mut waiting[i];
                 if self.agent.state(w.id) != Some(CmState::ReqRcvd) {
+                    ep.engine.forget_solicit(w.from);
                     waiting.swap_remove(i);
                     continue;
                 }
