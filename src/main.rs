@@ -7,6 +7,7 @@ mod conformance;
 mod datapath;
 mod decode;
 mod demo;
+mod forge_cm;
 mod perf;
 mod pingpong;
 mod rping;
@@ -29,6 +30,9 @@ enum Cmd {
     /// Two RoCEmu RNICs in one process: every verb, then RC over a lossy wire; checks every
     /// byte and completion and prints a table. Exit status 0 only when everything verified.
     Demo(demo::Args),
+    /// Hidden, for hostile-peer tests: forged CM REQs, DREQs and REJs from made-up sources.
+    #[command(hide = true)]
+    ForgeCm(forge_cm::Args),
     /// perftest's benchmarks (write, read, send, atomic) on RoCEmu.
     Perf(perf::Args),
     /// ibv_rc_pingpong on RoCEmu: same flags and TCP exchange, on --dev (af_packet or dpdk).
@@ -65,6 +69,7 @@ fn main() -> ExitCode {
         Cmd::Conformance(a) => conformance::run(&a),
         Cmd::Decode(a) => decode::run(&a),
         Cmd::Demo(a) => demo::run(&a),
+        Cmd::ForgeCm(a) => forge_cm::run(&a),
         Cmd::Perf(a) => perf::run(&a),
         Cmd::Pingpong(a) => pingpong::run(&a),
         Cmd::Rping(a) => rping::run(&a),

@@ -62,8 +62,12 @@ pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
         verbose: a.verbose,
         validate: a.validate,
     };
-    let r = rping::rping(&mut d.ep, &o);
+    let (r, report) = rping::rping_counted(&mut d.ep, &o);
     d.ep.engine.finish_recording()?;
+    // The server says what peers cost it (refused, expired, dropped), also when it fails.
+    if a.server {
+        eprintln!("{}", report.line);
+    }
     for l in r? {
         println!("{l}");
     }

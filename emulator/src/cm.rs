@@ -14,6 +14,14 @@
 //!   4.096 µs × 2^`cm_response_timeout` until answered, at most `max_cm_retries` times; then the
 //!   connection ends with [`CmEvent::Timeout`].
 //! * Time comes in as `now`; randomness (communication IDs, transaction IDs) from the seed.
+//!   Nothing depends on a hasher's order: connections are kept in a `BTreeMap` and timers fire
+//!   in (deadline, comm id) order, so one seed and one input give one history.
+//! * The state is bounded by what the application keeps, not by what peers send: at most
+//!   [`CmAgent::max_half_open`] passive connections wait for accept or RTU (further REQs are
+//!   refused, nothing kept); a REQ the application leaves unanswered is forgotten after
+//!   [`CmAgent::half_open_timeout`]; an unanswered REP ends after its retries; a closed
+//!   connection is forgotten after [`CmAgent::time_wait`]. A repeated REQ is found by
+//!   (peer, remote comm id) in O(1). What was refused or thrown away is in [`CmCounters`].
 //!
 //! Not yet: MRA, LAP/APR (alternate paths), SIDR, and the time-wait state's stale-connection
 //! checks. `rocemu-testbed`'s `rdmacm` wires it to an engine for `rocemu rping`, `perf -R` and
@@ -26,7 +34,7 @@ use rocemu_wire::cm::{
 };
 use rocemu_wire::mad::{timeout_nanos, Tid, MAD_LEN};
 use rocemu_wire::{PKey, Psn, QKey, Qpn};
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::net::{IpAddr, Ipv6Addr};
 
 /// A connection's state (IBTA 12.9.6, the parts a RoCE endpoint walks through).
@@ -127,9 +135,81 @@ struct Conn {
     /// The last message that expects an answer, for retransmission.
     pending: Option<CmMadRepr>,
     retries_left: u8,
+    /// When the timer fires: a retransmission (REQ, REP, DREQ), the end of a half-open
+    /// connection's age (`ReqRcvd`), or the end of time-wait. Mirrored in `Book::timers`.
     deadline: Option<Nanos>,
     /// The last answer we gave (REP, RTU, DREP), sent again when the peer repeats itself.
     last_answer: Option<CmMadRepr>,
+}
+
+impl CmState {
+    /// Passive side, not yet established: what the listen backlog bounds.
+    fn is_half_open(self) -> bool {
+        matches!(self, CmState::ReqRcvd | CmState::RepSent)
+    }
+}
+
+/// What the agent counts: what a flood or a forger costs, and what was thrown away.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CmCounters {
+    /// REQs received, repeats not included (those refused too).
+    pub reqs_received: u64,
+    /// Retransmitted REQs of a connection we have (answered again or ignored).
+    pub reqs_duplicate: u64,
+    /// REQs refused (REJ consumer-defined) because [`CmAgent::max_half_open`] were pending.
+    pub reqs_rejected_backlog: u64,
+    /// REQs for a service nobody listens on (REJ invalid service ID).
+    pub reqs_no_listener: u64,
+    /// Half-open connections forgotten: a REQ the application never answered within
+    /// [`CmAgent::half_open_timeout`].
+    pub half_open_expired: u64,
+    /// Connections whose peer stopped answering our REQ, REP or DREQ.
+    pub timeouts: u64,
+    /// Connections forgotten at the end of time-wait.
+    pub time_wait_reaped: u64,
+    /// MADs that did not parse as CM MADs.
+    pub malformed: u64,
+    /// REP, RTU, REJ, DREP (and DREQ, answered anyway) naming a connection we do not have, or
+    /// one whose remote comm id or state does not fit.
+    pub unknown_connection: u64,
+}
+
+/// The bookkeeping kept beside the connections: the timers, ordered by (deadline, comm id) so
+/// that what falls due at one instant is handled in one order on every run, and the number of
+/// half-open connections.
+#[derive(Debug, Default)]
+struct Book {
+    timers: BTreeSet<(Nanos, u32)>,
+    half_open: usize,
+}
+
+impl Book {
+    fn set_state(&mut self, c: &mut Conn, s: CmState) {
+        if c.state.is_half_open() {
+            self.half_open -= 1;
+        }
+        if s.is_half_open() {
+            self.half_open += 1;
+        }
+        c.state = s;
+    }
+
+    fn set_deadline(&mut self, id: u32, c: &mut Conn, d: Option<Nanos>) {
+        if let Some(old) = c.deadline {
+            self.timers.remove(&(old, id));
+        }
+        if let Some(new) = d {
+            self.timers.insert((new, id));
+        }
+        c.deadline = d;
+    }
+
+    /// Closed: nothing left to retransmit; forgotten at `until`.
+    fn time_wait(&mut self, id: u32, c: &mut Conn, until: Nanos) {
+        self.set_state(c, CmState::TimeWait);
+        c.pending = None;
+        self.set_deadline(id, c, Some(until));
+    }
 }
 
 /// Connection manager for one port.
@@ -143,8 +223,25 @@ pub struct CmAgent {
     /// 5-bit exponent: how long to wait for an answer (Linux uses 20: about 4.3 s).
     pub cm_response_timeout: u8,
     pub max_cm_retries: u8,
+    /// The listen backlog: at most this many passive connections not yet established (REQ
+    /// received, REP sent); REQs beyond it are refused. [`CmAgent::DEFAULT_MAX_HALF_OPEN`].
+    pub max_half_open: usize,
+    /// How long a REQ may wait for the application's accept or reject before it is forgotten.
+    /// [`CmAgent::DEFAULT_HALF_OPEN_TIMEOUT`].
+    pub half_open_timeout: Nanos,
+    /// How long a closed connection is kept to answer the peer's repeats (a lost DREP, RTU)
+    /// before it is forgotten. [`CmAgent::DEFAULT_TIME_WAIT`].
+    pub time_wait: Nanos,
     listens: Vec<ServiceId>,
-    conns: HashMap<u32, Conn>,
+    /// By local comm id: a `BTreeMap`, so that nothing depends on a hasher's order.
+    conns: BTreeMap<u32, Conn>,
+    /// (peer, remote comm id) → local comm id, for connections whose remote id is known: a
+    /// repeated REQ is found in O(1) (IBTA 12.9.5.1 identifies a REQ by both).
+    by_remote: HashMap<(IpAddr, u32), u32>,
+    book: Book,
+    counters: CmCounters,
+    /// The latest `now` seen, for the calls that take none (`reject`, `close`).
+    now: Nanos,
     out: VecDeque<(IpAddr, CmMadRepr)>,
     events: VecDeque<CmEvent>,
 }
@@ -157,6 +254,17 @@ fn gid(ip: IpAddr) -> Ipv6Addr {
 }
 
 impl CmAgent {
+    /// The listen backlog's default: Linux's historic `SOMAXCONN`.
+    pub const DEFAULT_MAX_HALF_OPEN: usize = 128;
+    /// A REQ's default age limit: 16 s, more than three of the active side's default response
+    /// timeouts (4.3 s each), so a REQ retransmitted once or twice is still the same one.
+    pub const DEFAULT_HALF_OPEN_TIMEOUT: Nanos = Nanos::from_millis(16_000);
+    /// Time-wait's default: one CM response timeout at Linux's exponent 20 (4.096 µs × 2^20 ≈
+    /// 4.3 s), the interval the peer retransmits at, so its repeat of the last message (DREQ
+    /// for a lost DREP, REP for a lost RTU) still finds the connection; a bounded stay, where
+    /// Linux's ib_cm derives its own from the path's packet lifetime (unverified).
+    pub const DEFAULT_TIME_WAIT: Nanos = Nanos(4_294_967_296);
+
     /// An agent whose IDs replay from `seed` (the simulator, tests).
     pub fn new(local_ip: IpAddr, guid: u64, seed: u64) -> CmAgent {
         CmAgent::with_seed(local_ip, guid, &Seed::from_u64(seed))
@@ -171,8 +279,15 @@ impl CmAgent {
             rng: KeyRng::new(seed),
             cm_response_timeout: 20,
             max_cm_retries: 15,
+            max_half_open: Self::DEFAULT_MAX_HALF_OPEN,
+            half_open_timeout: Self::DEFAULT_HALF_OPEN_TIMEOUT,
+            time_wait: Self::DEFAULT_TIME_WAIT,
             listens: Vec::new(),
-            conns: HashMap::new(),
+            conns: BTreeMap::new(),
+            by_remote: HashMap::new(),
+            book: Book::default(),
+            counters: CmCounters::default(),
+            now: Nanos::ZERO,
             out: VecDeque::new(),
             events: VecDeque::new(),
         }
@@ -195,6 +310,15 @@ impl CmAgent {
         self.conns.get(&id.0).map(|c| c.state)
     }
 
+    pub fn counters(&self) -> CmCounters {
+        self.counters
+    }
+
+    /// How many connections the agent holds, in every state.
+    pub fn connections(&self) -> usize {
+        self.conns.len()
+    }
+
     fn new_comm_id(&mut self) -> CommId {
         loop {
             let id = self.rng.next_u32();
@@ -208,6 +332,33 @@ impl CmAgent {
         now + Nanos(timeout_nanos(self.cm_response_timeout))
     }
 
+    fn tick(&mut self, now: Nanos) {
+        self.now = self.now.max(now);
+    }
+
+    fn insert(&mut self, id: u32, mut c: Conn) {
+        let d = c.deadline.take();
+        let s = c.state;
+        c.state = CmState::TimeWait; // not half-open: set_state counts the real one
+        self.book.set_state(&mut c, s);
+        self.book.set_deadline(id, &mut c, d);
+        if c.remote_comm_id.0 != 0 {
+            self.by_remote.insert((c.peer, c.remote_comm_id.0), id);
+        }
+        self.conns.insert(id, c);
+    }
+
+    fn forget(&mut self, id: u32) -> Option<Conn> {
+        let mut c = self.conns.remove(&id)?;
+        self.book.set_state(&mut c, CmState::TimeWait);
+        self.book.set_deadline(id, &mut c, None);
+        if c.remote_comm_id.0 != 0 && self.by_remote.get(&(c.peer, c.remote_comm_id.0)) == Some(&id)
+        {
+            self.by_remote.remove(&(c.peer, c.remote_comm_id.0));
+        }
+        Some(c)
+    }
+
     /// Active side: sends a REQ for `service` at `peer`.
     pub fn connect(
         &mut self,
@@ -216,6 +367,7 @@ impl CmAgent {
         service: ServiceId,
         p: &ConnParams,
     ) -> CommId {
+        self.tick(now);
         let id = self.new_comm_id();
         let tid = Tid(self.rng.next_u64());
         let req = ReqRepr {
@@ -250,7 +402,8 @@ impl CmAgent {
         };
         let mad = CmMadRepr::new(tid, CmMessage::Req(req));
         self.out.push_back((peer, mad));
-        self.conns.insert(
+        let deadline = self.wait(now);
+        self.insert(
             id.0,
             Conn {
                 state: CmState::ReqSent,
@@ -262,7 +415,7 @@ impl CmAgent {
                 remote_psn: Psn::new(0),
                 pending: Some(mad),
                 retries_left: self.max_cm_retries,
-                deadline: Some(self.wait(now)),
+                deadline: Some(deadline),
                 last_answer: None,
             },
         );
@@ -271,6 +424,7 @@ impl CmAgent {
 
     /// Passive side: answers a [`CmEvent::ConnectRequest`] with a REP.
     pub fn accept(&mut self, now: Nanos, id: CommId, p: &ConnParams) -> Result<(), String> {
+        self.tick(now);
         let deadline = self.wait(now);
         let retries = self.max_cm_retries;
         let guid = self.guid;
@@ -296,12 +450,12 @@ impl CmAgent {
             ..RepRepr::default()
         };
         let mad = CmMadRepr::new(c.tid, CmMessage::Rep(rep));
-        c.state = CmState::RepSent;
+        self.book.set_state(c, CmState::RepSent);
         c.local_qpn = p.qpn;
         c.pending = Some(mad);
         c.last_answer = Some(mad);
         c.retries_left = retries;
-        c.deadline = Some(deadline);
+        self.book.set_deadline(id.0, c, Some(deadline));
         self.out.push_back((c.peer, mad));
         Ok(())
     }
@@ -309,6 +463,7 @@ impl CmAgent {
     /// Passive side: refuses a [`CmEvent::ConnectRequest`] (or, REP sent, the connection it
     /// was to become).
     pub fn reject(&mut self, id: CommId, reason: RejReason) {
+        let until = self.now + self.time_wait;
         if let Some(c) = self.conns.get_mut(&id.0) {
             let rej = RejRepr {
                 local_comm_id: id,
@@ -323,14 +478,13 @@ impl CmAgent {
             };
             self.out
                 .push_back((c.peer, CmMadRepr::new(c.tid, CmMessage::Rej(rej))));
-            c.state = CmState::TimeWait;
-            c.pending = None;
-            c.deadline = None;
+            self.book.time_wait(id.0, c, until);
         }
     }
 
     /// Sends a DREQ on an established connection.
     pub fn disconnect(&mut self, now: Nanos, id: CommId) -> Result<(), String> {
+        self.tick(now);
         let deadline = self.wait(now);
         let retries = self.max_cm_retries;
         let Some(c) = self.conns.get_mut(&id.0) else {
@@ -346,10 +500,10 @@ impl CmAgent {
             ..DreqRepr::default()
         };
         let mad = CmMadRepr::new(c.tid, CmMessage::Dreq(dreq));
-        c.state = CmState::DreqSent;
+        self.book.set_state(c, CmState::DreqSent);
         c.pending = Some(mad);
         c.retries_left = retries;
-        c.deadline = Some(deadline);
+        self.book.set_deadline(id.0, c, Some(deadline));
         self.out.push_back((c.peer, mad));
         Ok(())
     }
@@ -378,47 +532,58 @@ impl CmAgent {
             }
             _ => {}
         }
-        self.conns.remove(&id.0);
+        self.forget(id.0);
+        self.events.retain(|e| e.id() != id);
+    }
+
+    /// Forgets a connection without a word: for a REQ whose sender cannot be reached (its
+    /// address never resolves), where a REJ would have nowhere to go.
+    pub fn abandon(&mut self, id: CommId) {
+        self.forget(id.0);
         self.events.retain(|e| e.id() != id);
     }
 
     /// A MAD that arrived on QP1 from `from`.
     pub fn handle_mad(&mut self, now: Nanos, from: IpAddr, bytes: &[u8]) {
+        self.tick(now);
         let Ok(m) = CmMadRepr::parse(bytes) else {
+            self.counters.malformed += 1;
             return;
         };
         let tid = m.mad.tid;
+        let until = now + self.time_wait;
         match m.msg {
-            CmMessage::Req(r) => self.on_req(from, tid, r),
+            CmMessage::Req(r) => self.on_req(now, from, tid, r),
             CmMessage::Rep(r) => self.on_rep(r),
-            CmMessage::Rtu(r) => {
-                if let Some(c) = self.conns.get_mut(&r.remote_comm_id.0) {
-                    if c.state == CmState::RepSent && c.remote_comm_id == r.local_comm_id {
-                        c.state = CmState::Established;
-                        c.pending = None;
-                        c.deadline = None;
-                        self.events.push_back(CmEvent::Established {
-                            id: r.remote_comm_id,
-                            remote_qpn: c.remote_qpn,
-                            remote_psn: c.remote_psn,
-                            rep_rd_atomic: None,
-                        });
-                    }
+            CmMessage::Rtu(r) => match self.conns.get_mut(&r.remote_comm_id.0) {
+                Some(c) if c.state == CmState::RepSent && c.remote_comm_id == r.local_comm_id => {
+                    self.book.set_state(c, CmState::Established);
+                    c.pending = None;
+                    self.book.set_deadline(r.remote_comm_id.0, c, None);
+                    self.events.push_back(CmEvent::Established {
+                        id: r.remote_comm_id,
+                        remote_qpn: c.remote_qpn,
+                        remote_psn: c.remote_psn,
+                        rep_rd_atomic: None,
+                    });
                 }
-            }
-            CmMessage::Rej(r) => {
-                if let Some(c) = self.conns.get_mut(&r.remote_comm_id.0) {
-                    if matches!(c.state, CmState::ReqSent | CmState::RepSent) {
-                        c.state = CmState::TimeWait;
-                        c.pending = None;
-                        c.deadline = None;
-                        self.events.push_back(CmEvent::Rejected {
-                            id: r.remote_comm_id,
-                            reason: r.reason,
-                        });
-                    }
+                // A repeated RTU (its REP was sent twice): nothing to do.
+                Some(c) if c.state == CmState::Established => {}
+                _ => self.counters.unknown_connection += 1,
+            },
+            CmMessage::Rej(r) => match self.conns.get_mut(&r.remote_comm_id.0) {
+                Some(c)
+                    if matches!(c.state, CmState::ReqSent | CmState::RepSent)
+                        && (c.state == CmState::ReqSent || c.remote_comm_id == r.local_comm_id) =>
+                {
+                    self.book.time_wait(r.remote_comm_id.0, c, until);
+                    self.events.push_back(CmEvent::Rejected {
+                        id: r.remote_comm_id,
+                        reason: r.reason,
+                    });
                 }
-            }
+                _ => self.counters.unknown_connection += 1,
+            },
             CmMessage::Dreq(r) => {
                 let drep = CmMadRepr::new(
                     tid,
@@ -432,69 +597,74 @@ impl CmAgent {
                     // A connection we no longer know (its DREP was lost and our time-wait is
                     // over, or it never existed): answer anyway so the peer stops asking, as
                     // Linux's ib_cm does (cm_issue_drep).
+                    self.counters.unknown_connection += 1;
                     self.out.push_back((from, drep));
                     return;
                 };
                 if c.remote_comm_id != r.local_comm_id {
+                    self.counters.unknown_connection += 1;
                     return;
                 }
                 // A repeated DREQ gets the same DREP; the first one ends the connection.
                 self.out.push_back((c.peer, drep));
                 if matches!(c.state, CmState::Established | CmState::DreqSent) {
-                    c.state = CmState::TimeWait;
-                    c.pending = None;
-                    c.deadline = None;
+                    self.book.time_wait(r.remote_comm_id.0, c, until);
                     c.last_answer = Some(drep);
                     self.events.push_back(CmEvent::Disconnected {
                         id: r.remote_comm_id,
                     });
                 }
             }
-            CmMessage::Drep(r) => {
-                if let Some(c) = self.conns.get_mut(&r.remote_comm_id.0) {
-                    if c.state == CmState::DreqSent {
-                        c.state = CmState::TimeWait;
-                        c.pending = None;
-                        c.deadline = None;
-                        self.events.push_back(CmEvent::Disconnected {
-                            id: r.remote_comm_id,
-                        });
-                    }
+            CmMessage::Drep(r) => match self.conns.get_mut(&r.remote_comm_id.0) {
+                Some(c) if c.state == CmState::DreqSent => {
+                    self.book.time_wait(r.remote_comm_id.0, c, until);
+                    self.events.push_back(CmEvent::Disconnected {
+                        id: r.remote_comm_id,
+                    });
                 }
-            }
+                Some(c) if c.state == CmState::TimeWait => {}
+                _ => self.counters.unknown_connection += 1,
+            },
             // MRA would stretch our timer; SIDR and the rest are not ours yet.
             _ => {}
         }
-        let _ = now;
     }
 
-    fn on_req(&mut self, from: IpAddr, tid: Tid, r: ReqRepr) {
+    fn on_req(&mut self, now: Nanos, from: IpAddr, tid: Tid, r: ReqRepr) {
         // A retransmitted REQ: answer again with what we said (IBTA 12.9.5.1), or stay quiet
         // while the application decides.
-        if let Some((_, c)) = self
-            .conns
-            .iter()
-            .find(|(_, c)| c.peer == from && c.remote_comm_id == r.local_comm_id)
-        {
-            if let Some(a) = c.last_answer {
+        if let Some(id) = self.by_remote.get(&(from, r.local_comm_id.0)) {
+            self.counters.reqs_duplicate += 1;
+            if let Some(a) = self.conns.get(id).and_then(|c| c.last_answer) {
                 self.out.push_back((from, a));
             }
             return;
         }
-        if !self.listens.contains(&r.service_id) {
+        self.counters.reqs_received += 1;
+        let refuse = |reason| {
             let rej = RejRepr {
                 local_comm_id: CommId(0),
                 remote_comm_id: r.local_comm_id,
                 message_rejected: MsgKind::Req,
-                reason: RejReason::INVALID_SERVICE_ID,
+                reason,
                 ..RejRepr::default()
             };
-            self.out
-                .push_back((from, CmMadRepr::new(tid, CmMessage::Rej(rej))));
+            (from, CmMadRepr::new(tid, CmMessage::Rej(rej)))
+        };
+        if !self.listens.contains(&r.service_id) {
+            self.counters.reqs_no_listener += 1;
+            self.out.push_back(refuse(RejReason::INVALID_SERVICE_ID));
+            return;
+        }
+        if self.book.half_open >= self.max_half_open {
+            // The backlog is full: refused without keeping anything, as a listener whose
+            // backlog is full refuses (the reason `RejReason::CONSUMER_DEFINED` documents).
+            self.counters.reqs_rejected_backlog += 1;
+            self.out.push_back(refuse(RejReason::CONSUMER_DEFINED));
             return;
         }
         let id = self.new_comm_id();
-        self.conns.insert(
+        self.insert(
             id.0,
             Conn {
                 state: CmState::ReqRcvd,
@@ -506,7 +676,7 @@ impl CmAgent {
                 remote_psn: r.starting_psn,
                 pending: None,
                 retries_left: 0,
-                deadline: None,
+                deadline: Some(now + self.half_open_timeout),
                 last_answer: None,
             },
         );
@@ -519,6 +689,7 @@ impl CmAgent {
 
     fn on_rep(&mut self, r: RepRepr) {
         let Some(c) = self.conns.get_mut(&r.remote_comm_id.0) else {
+            self.counters.unknown_connection += 1;
             return;
         };
         match c.state {
@@ -534,11 +705,13 @@ impl CmAgent {
                         ..RtuRepr::default()
                     }),
                 );
-                c.state = CmState::Established;
+                self.book.set_state(c, CmState::Established);
                 c.pending = None;
-                c.deadline = None;
+                self.book.set_deadline(r.remote_comm_id.0, c, None);
                 c.last_answer = Some(rtu);
                 self.out.push_back((c.peer, rtu));
+                self.by_remote
+                    .insert((c.peer, r.local_comm_id.0), r.remote_comm_id.0);
                 self.events.push_back(CmEvent::Established {
                     id: r.remote_comm_id,
                     remote_qpn: r.local_qpn,
@@ -552,7 +725,7 @@ impl CmAgent {
                     self.out.push_back((c.peer, a));
                 }
             }
-            _ => {}
+            _ => self.counters.unknown_connection += 1,
         }
     }
 
@@ -569,29 +742,49 @@ impl CmAgent {
     }
 
     pub fn poll_timeout(&self) -> Option<Nanos> {
-        self.conns.values().filter_map(|c| c.deadline).min()
+        self.book.timers.first().map(|&(d, _)| d)
     }
 
-    /// Retransmits what is due, and gives up on what has run out of retries. Idempotent for a
-    /// given `now`.
+    /// Retransmits what is due, gives up on what has run out of retries, forgets the REQs
+    /// nobody answered in time and the connections whose time-wait is over: in the order of
+    /// (deadline, comm id). Idempotent for a given `now`.
     pub fn handle_timeout(&mut self, now: Nanos) {
+        self.tick(now);
         let wait = Nanos(timeout_nanos(self.cm_response_timeout));
-        for (id, c) in self.conns.iter_mut() {
-            let Some(d) = c.deadline else { continue };
+        let until = now + self.time_wait;
+        while let Some(&(d, id)) = self.book.timers.first() {
             if d > now {
-                continue;
+                break;
             }
-            match (c.pending, c.retries_left) {
-                (Some(m), n) if n > 0 => {
+            let Some(c) = self.conns.get_mut(&id) else {
+                self.book.timers.remove(&(d, id));
+                continue;
+            };
+            match (c.state, c.pending, c.retries_left) {
+                (CmState::TimeWait, _, _) => {
+                    self.counters.time_wait_reaped += 1;
+                    self.forget(id);
+                }
+                (CmState::ReqRcvd, _, _) => {
+                    // The application never answered: forget the REQ (the peer's own timer
+                    // ends its side). If the application has not seen it either, it never will.
+                    self.counters.half_open_expired += 1;
+                    self.forget(id);
+                    let before = self.events.len();
+                    self.events.retain(|e| e.id() != CommId(id));
+                    if self.events.len() == before {
+                        self.events.push_back(CmEvent::Timeout { id: CommId(id) });
+                    }
+                }
+                (_, Some(m), n) if n > 0 => {
                     c.retries_left -= 1;
-                    c.deadline = Some(now + wait);
+                    self.book.set_deadline(id, c, Some(now + wait));
                     self.out.push_back((c.peer, m));
                 }
                 _ => {
-                    c.state = CmState::TimeWait;
-                    c.pending = None;
-                    c.deadline = None;
-                    self.events.push_back(CmEvent::Timeout { id: CommId(*id) });
+                    self.counters.timeouts += 1;
+                    self.book.time_wait(id, c, until);
+                    self.events.push_back(CmEvent::Timeout { id: CommId(id) });
                 }
             }
         }
@@ -602,7 +795,6 @@ impl CmAgent {
         self.conns.get(&id.0).map(|c| c.local_qpn)
     }
 }
-
 impl CmEvent {
     /// The connection the event is about.
     pub fn id(&self) -> CommId {
@@ -744,7 +936,8 @@ mod tests {
         pump(&mut a, &mut b, t, false);
         assert_eq!(b.poll_event(), Some(CmEvent::Disconnected { id: idb }));
         assert_eq!(a.poll_event(), Some(CmEvent::Disconnected { id: ida }));
-        assert_eq!(a.poll_timeout(), None);
+        // Only time-wait's end is left.
+        assert_eq!(a.poll_timeout(), Some(t + a.time_wait));
     }
 
     #[test]
@@ -842,6 +1035,9 @@ mod tests {
         let mut t = t1;
         let mut turns = 0;
         while let Some(d) = a.poll_timeout() {
+            if a.state(id) != Some(CmState::ReqSent) {
+                break;
+            }
             t = d;
             a.handle_timeout(t);
             pump(&mut a, &mut b, t, false);
@@ -853,6 +1049,172 @@ mod tests {
         assert_eq!(a.poll_event(), Some(CmEvent::Timeout { id }));
         assert!(t > t1);
         assert_eq!(b.poll_event(), None);
+    }
+
+    /// A REQ from `from` with comm id `cid` for `sid`, as a peer would send it.
+    fn req_mad(sid: ServiceId, cid: u32, from: IpAddr, to: IpAddr) -> [u8; MAD_LEN] {
+        let mut a = CmAgent::new(from, 9, u64::from(cid));
+        let _ = a.connect(Nanos(0), to, sid, &params(cid & 0xff_ffff, 1));
+        let (_, m) = a.poll_transmit().unwrap();
+        let mut r = CmMadRepr::parse(&m).unwrap();
+        if let CmMessage::Req(q) = &mut r.msg {
+            q.local_comm_id = CommId(cid);
+        }
+        let mut b = [0u8; MAD_LEN];
+        r.emit(&mut b).unwrap();
+        b
+    }
+
+    #[test]
+    fn a_req_flood_stays_bounded_and_a_real_client_still_connects() {
+        let (mut a, mut b, sid) = two();
+        let t = Nanos(0);
+        // 100,000 REQs from distinct (peer, comm id) that nobody ever answers.
+        let template = req_mad(sid, 1, "10.1.0.1".parse().unwrap(), b.local_ip);
+        for i in 0..100_000u32 {
+            let mut m = template;
+            m[24..28].copy_from_slice(&(i + 1).to_be_bytes()); // REQ local comm id
+            let from = IpAddr::from((0x0b00_0000 + i).to_be_bytes());
+            b.handle_mad(t, from, &m);
+            while b.poll_transmit().is_some() {}
+            while b.poll_event().is_some() {}
+        }
+        assert!(
+            b.conns.len() <= b.max_half_open,
+            "{} connections",
+            b.conns.len()
+        );
+        // The half-open ones age out; then a real client gets through.
+        let later = t + b.half_open_timeout + Nanos(1);
+        b.handle_timeout(later);
+        assert_eq!(b.conns.len(), 0);
+        let c = b.counters();
+        assert_eq!(c.reqs_received, 100_000);
+        assert_eq!(c.reqs_rejected_backlog, 100_000 - b.max_half_open as u64);
+        assert_eq!(c.half_open_expired, b.max_half_open as u64);
+        let ida = a.connect(later, b.local_ip, sid, &params(0x11, 100));
+        pump(&mut a, &mut b, later, false);
+        // The application had taken the flood's REQs: it hears that each one went away.
+        let mut gone = 0;
+        let idb = loop {
+            match b.poll_event() {
+                Some(CmEvent::Timeout { .. }) => gone += 1,
+                Some(CmEvent::ConnectRequest { id, .. }) => break id,
+                e => panic!("the real REQ was not reported: {e:?}"),
+            }
+        };
+        assert_eq!(gone, b.max_half_open);
+        b.accept(later, idb, &params(0x22, 200)).unwrap();
+        pump(&mut a, &mut b, later, false);
+        assert!(matches!(a.poll_event(), Some(CmEvent::Established { id, .. }) if id == ida));
+        assert!(matches!(b.poll_event(), Some(CmEvent::Established { id, .. }) if id == idb));
+    }
+
+    #[test]
+    fn a_full_backlog_rejects_with_consumer_defined() {
+        let (mut a, mut b, sid) = two();
+        b.max_half_open = 1;
+        let _ = requested(&mut a, &mut b, sid, Nanos(0));
+        let id2 = a.connect(Nanos(0), b.local_ip, sid, &params(0x12, 1));
+        pump(&mut a, &mut b, Nanos(0), false);
+        assert_eq!(b.poll_event(), None);
+        assert_eq!(
+            a.poll_event(),
+            Some(CmEvent::Rejected {
+                id: id2,
+                reason: RejReason::CONSUMER_DEFINED
+            })
+        );
+        assert_eq!(b.counters().reqs_rejected_backlog, 1);
+    }
+
+    #[test]
+    fn time_wait_is_reaped_after_its_time() {
+        let (mut a, mut b, sid) = two();
+        let t = Nanos(0);
+        let (ida, idb) = requested(&mut a, &mut b, sid, t);
+        b.accept(t, idb, &params(0x22, 200)).unwrap();
+        pump(&mut a, &mut b, t, false);
+        a.disconnect(t, ida).unwrap();
+        pump(&mut a, &mut b, t, false);
+        assert_eq!(a.state(ida), Some(CmState::TimeWait));
+        assert_eq!(b.state(idb), Some(CmState::TimeWait));
+        // Still there just before the end of time-wait, gone after it.
+        let tw = a.time_wait;
+        a.handle_timeout(t + tw - Nanos(1));
+        assert_eq!(a.state(ida), Some(CmState::TimeWait));
+        assert_eq!(a.poll_timeout(), Some(t + tw));
+        a.handle_timeout(t + tw);
+        b.handle_timeout(t + tw);
+        assert_eq!(a.state(ida), None);
+        assert_eq!(b.state(idb), None);
+        assert_eq!(a.poll_timeout(), None);
+        assert_eq!(a.counters().time_wait_reaped, 1);
+        assert_eq!(b.conns.len(), 0);
+    }
+
+    #[test]
+    fn a_repeated_req_is_answered_from_the_index() {
+        let (mut a, mut b, sid) = two();
+        let t = Nanos(0);
+        let ida = a.connect(t, b.local_ip, sid, &params(0x11, 100));
+        let (_, req) = a.poll_transmit().unwrap();
+        b.handle_mad(t, a.local_ip, &req);
+        let Some(CmEvent::ConnectRequest { id: idb, .. }) = b.poll_event() else {
+            panic!("no REQ reported");
+        };
+        // While the application decides: quiet. Once it accepted: the same REP again.
+        b.handle_mad(t, a.local_ip, &req);
+        assert!(b.poll_transmit().is_none());
+        b.accept(t, idb, &params(0x22, 200)).unwrap();
+        let (_, rep) = b.poll_transmit().unwrap();
+        b.handle_mad(t, a.local_ip, &req);
+        assert_eq!(b.poll_transmit().map(|(_, m)| m), Some(rep));
+        assert_eq!(b.poll_event(), None);
+        assert_eq!(b.conns.len(), 1);
+        assert_eq!(b.counters().reqs_duplicate, 2);
+        // The same comm id from another peer is another connection.
+        b.handle_mad(t, "10.0.0.3".parse().unwrap(), &req);
+        assert!(matches!(
+            b.poll_event(),
+            Some(CmEvent::ConnectRequest { .. })
+        ));
+        let _ = ida;
+    }
+
+    #[test]
+    fn one_seed_one_history_even_when_deadlines_coincide() {
+        // Two agents with the same seed, fed the same MADs at the same times, say the same
+        // things in the same order, timeouts included (several deadlines fall at one instant).
+        fn run() -> Vec<String> {
+            let (_, mut b, sid) = two();
+            let mut log = Vec::new();
+            let mut ids = Vec::new();
+            let t = Nanos(0);
+            for i in 0..64u32 {
+                let from = IpAddr::from((0x0c00_0000 + i).to_be_bytes());
+                b.handle_mad(t, from, &req_mad(sid, 1000 + i, from, b.local_ip));
+                if let Some(CmEvent::ConnectRequest { id, .. }) = b.poll_event() {
+                    ids.push(id);
+                }
+            }
+            for id in &ids {
+                b.accept(t, *id, &params(0x22, 200)).unwrap();
+            }
+            for _ in 0..40 {
+                let Some(now) = b.poll_timeout() else { break };
+                b.handle_timeout(now);
+                while let Some((to, m)) = b.poll_transmit() {
+                    log.push(format!("{now} tx {to} {:?}", &m[..]));
+                }
+                while let Some(e) = b.poll_event() {
+                    log.push(format!("{now} {e:?}"));
+                }
+            }
+            assert!(log.iter().any(|l| l.contains("Timeout")));
+            log
+        }
+        assert_eq!(run(), run());
     }
 
     #[test]

@@ -5,6 +5,7 @@
 #![deny(unsafe_code)]
 
 pub mod demo;
+pub mod forge_cm;
 pub mod netns;
 pub mod oob;
 pub mod perf;

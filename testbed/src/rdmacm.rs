@@ -4,17 +4,26 @@
 //! `Cm::accept_rc` (`rdma_listen` + `rdma_accept`). Used by `rocemu rping`, by `rocemu perf
 //! --rdma-cm` (perftest's `-R`) and by `rocemu pingpong --rdma-cm`.
 //!
+//! Invariants:
+//! * Nothing a peer sends ends the server or blocks its loop: a MAD to an address whose MAC is
+//!   unknown waits in a bounded queue while the engine is asked (without waiting), leaves once
+//!   the answer is in, and is dropped after [`SOLICIT_FOR`]; a connection request from such an
+//!   address is accepted only once it resolves, and forgotten (counted) if it never does; a
+//!   REP whose RTU never comes is withdrawn and the next request served. What was dropped is in
+//!   [`GsiCounters`] and the agent's [`rocemu_emulator::cm::CmCounters`].
+//!
 //! What goes on the wire follows Linux's `rdma_cm` over rxe (`wire/tests/data/cm/`): the REQ's
 //! private data starts with the 36-byte `cma_hdr` naming both IP endpoints, the service ID is the
 //! rdma_cm TCP port space plus the port, and each end's Starting PSN is the PSN it expects to
 //! receive (the peer sends from it).
 use crate::remote::Endpoint;
-use rocemu_emulator::cm::{CmAgent, CmEvent, ConnParams};
+use rocemu_emulator::cm::{CmAgent, CmCounters, CmEvent, CmState, ConnParams};
 use rocemu_emulator::rnic::mr::MrInfo;
 use rocemu_emulator::rnic::*;
 use rocemu_wire::cm::{
     rdma_cm_flow_label, CmaHdr, CommId, PortSpace, RejReason, ReqRepr, ServiceId,
 };
+use rocemu_wire::eth::Mac;
 use rocemu_wire::mad::MAD_LEN;
 use rocemu_wire::{Psn, QKey, Qpn};
 use std::collections::VecDeque;
@@ -23,7 +32,9 @@ use std::time::{Duration, Instant};
 
 /// The GSI Q_Key (IBTA 13.5.1).
 const GRH: usize = 40;
-const MAD_RECVS: usize = 16;
+/// Receives kept posted on QP1: a burst of MADs beyond them is dropped by the RNIC (counted
+/// there), as a NIC drops what finds no receive; enough for a burst of the engine's.
+const MAD_RECVS: usize = 64;
 const MAD_SENDS: usize = 64;
 /// How long a CM step (an answer to a REQ, a REQ on a listener) may take.
 pub(crate) const CM_TIMEOUT: Duration = Duration::from_secs(30);
@@ -31,6 +42,52 @@ const RESOLVE: Duration = Duration::from_secs(5);
 /// Wr ids of QP1's work: receives are `ID_MAD_RECV * 1000 + slot`.
 const ID_MAD_RECV: u64 = 10;
 const ID_MAD_SEND: u64 = 11;
+/// Addresses without a MAC that MADs may wait for at once, and MADs per address: what a forger
+/// sending from made-up addresses can make us hold.
+const UNRESOLVED_PEERS: usize = 32;
+const UNRESOLVED_MADS: usize = 4;
+/// How often an unresolved address is asked about again, and for how long.
+pub const SOLICIT_EVERY: Duration = Duration::from_millis(500);
+pub const SOLICIT_FOR: Duration = Duration::from_secs(3);
+/// Events kept for a step that has not asked for them yet; beyond, the oldest go.
+pub const EVENTS_MAX: usize = 1024;
+
+/// What QP1's glue counts (the agent counts the rest, [`CmCounters`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GsiCounters {
+    pub mads_sent: u64,
+    /// MADs that waited for their destination's MAC.
+    pub mads_deferred: u64,
+    /// MADs dropped: their destination never answered ARP / ND within [`SOLICIT_FOR`].
+    pub mads_dropped_unresolved: u64,
+    /// MADs dropped: too many unresolved destinations, or MADs for one, already waiting.
+    pub mads_dropped_queue_full: u64,
+    /// MADs the RNIC refused to send (post_send failed).
+    pub send_failures: u64,
+    /// Connection requests forgotten because their sender never resolved.
+    pub reqs_unreachable: u64,
+    /// Accepted connections withdrawn because the RTU never came.
+    pub accepts_withdrawn: u64,
+    /// Events dropped because nobody took them ([`EVENTS_MAX`]).
+    pub events_dropped: u64,
+}
+
+/// MADs waiting for `to`'s MAC.
+struct Unresolved {
+    to: IpAddr,
+    mads: Vec<[u8; MAD_LEN]>,
+    since: Instant,
+    asked: Instant,
+}
+
+/// A connection request whose sender's MAC is being asked for.
+struct Waiting {
+    id: CommId,
+    from: IpAddr,
+    req: Box<ReqRepr>,
+    since: Instant,
+    asked: Instant,
+}
 
 struct Gsi {
     qpn: Qpn,
@@ -45,6 +102,8 @@ pub(crate) struct Cm {
     /// Events the agent reported that no one has taken yet: a step waiting for one event must
     /// not lose another (a REQ may come in while a SEND's ACK is awaited).
     events: VecDeque<CmEvent>,
+    unresolved: Vec<Unresolved>,
+    stats: GsiCounters,
 }
 
 /// An RC QP's side of a connection, as `rdma_connect` / `rdma_accept` describe it.
@@ -114,7 +173,43 @@ impl Cm {
             gsi,
             agent: CmAgent::with_seed(ip, guid, &seed),
             events: VecDeque::new(),
+            unresolved: Vec::new(),
+            stats: GsiCounters::default(),
         })
+    }
+
+    pub(crate) fn counters(&self) -> (CmCounters, GsiCounters) {
+        (self.agent.counters(), self.stats)
+    }
+
+    /// The counters on one line, for the tools to print.
+    pub(crate) fn counters_line(&self) -> String {
+        let (c, g) = self.counters();
+        format!(
+            "rdma_cm: {} REQs ({} repeated, {} refused for a full backlog, {} without listener, \
+             {} expired unanswered, {} from unreachable senders), {} timeouts, {} time-waits \
+             reaped, {} malformed MADs, {} for unknown connections; MADs {} sent, {} deferred, \
+             {} dropped unresolved, {} dropped queue full, {} send failures; {} accepts \
+             withdrawn, {} events dropped; {} connections held",
+            c.reqs_received,
+            c.reqs_duplicate,
+            c.reqs_rejected_backlog,
+            c.reqs_no_listener,
+            c.half_open_expired,
+            g.reqs_unreachable,
+            c.timeouts,
+            c.time_wait_reaped,
+            c.malformed,
+            c.unknown_connection,
+            g.mads_sent,
+            g.mads_deferred,
+            g.mads_dropped_unresolved,
+            g.mads_dropped_queue_full,
+            g.send_failures,
+            g.accepts_withdrawn,
+            g.events_dropped,
+            self.agent.connections(),
+        )
     }
 
     /// One turn ([`pump`](Self::pump)), then the oldest event not yet taken.
@@ -155,10 +250,19 @@ impl Cm {
             self.agent.handle_timeout(now);
         }
         while let Some((to, mad)) = self.agent.poll_transmit() {
-            self.send_mad(ep, to, &mad)?;
+            self.send_mad(ep, to, &mad);
         }
+        self.serve_unresolved(ep);
         let mut new = false;
         while let Some(e) = self.agent.poll_event() {
+            // A REQ that expired unanswered: the agent has forgotten it, nobody waits on it.
+            if matches!(e, CmEvent::Timeout { id } if self.agent.state(id).is_none()) {
+                continue;
+            }
+            if self.events.len() >= EVENTS_MAX {
+                self.events.pop_front();
+                self.stats.events_dropped += 1;
+            }
             self.events.push_back(e);
             new = true;
         }
@@ -168,13 +272,68 @@ impl Cm {
         Ok(())
     }
 
-    fn send_mad(
-        &mut self,
-        ep: &mut Endpoint,
-        to: IpAddr,
-        mad: &[u8; MAD_LEN],
-    ) -> Result<(), String> {
-        let mac = ep.engine.resolve(&mut ep.rnic, to, RESOLVE)?;
+    /// Sends `mad` to `to`'s QP1 now if its MAC is known, else queues it (bounded) and asks.
+    /// Never waits for the peer and never fails the caller: what cannot go is counted.
+    fn send_mad(&mut self, ep: &mut Endpoint, to: IpAddr, mad: &[u8; MAD_LEN]) {
+        if let Some(mac) = ep.engine.neighbor(&mut ep.rnic, to) {
+            self.post_mad(ep, to, mac, mad);
+            return;
+        }
+        if let Some(u) = self.unresolved.iter_mut().find(|u| u.to == to) {
+            if u.mads.len() < UNRESOLVED_MADS {
+                u.mads.push(*mad);
+                self.stats.mads_deferred += 1;
+            } else {
+                self.stats.mads_dropped_queue_full += 1;
+            }
+            return;
+        }
+        if self.unresolved.len() >= UNRESOLVED_PEERS {
+            self.stats.mads_dropped_queue_full += 1;
+            return;
+        }
+        if ep.engine.solicit(&mut ep.rnic, to).is_err() {
+            self.stats.send_failures += 1;
+            return;
+        }
+        let now = Instant::now();
+        self.unresolved.push(Unresolved {
+            to,
+            mads: vec![*mad],
+            since: now,
+            asked: now,
+        });
+        self.stats.mads_deferred += 1;
+    }
+
+    /// The queued MADs: sent when their address resolved, dropped when it did not in time.
+    fn serve_unresolved(&mut self, ep: &mut Endpoint) {
+        let mut i = 0;
+        while i < self.unresolved.len() {
+            let to = self.unresolved[i].to;
+            if let Some(mac) = ep.engine.neighbor(&mut ep.rnic, to) {
+                let u = self.unresolved.swap_remove(i);
+                for m in &u.mads {
+                    self.post_mad(ep, to, mac, m);
+                }
+                continue;
+            }
+            let u = &mut self.unresolved[i];
+            if u.since.elapsed() > SOLICIT_FOR {
+                self.stats.mads_dropped_unresolved += u.mads.len() as u64;
+                ep.engine.forget_solicit(to);
+                self.unresolved.swap_remove(i);
+                continue;
+            }
+            if u.asked.elapsed() > SOLICIT_EVERY {
+                u.asked = Instant::now();
+                let _ = ep.engine.solicit(&mut ep.rnic, to);
+            }
+            i += 1;
+        }
+    }
+
+    fn post_mad(&mut self, ep: &mut Endpoint, to: IpAddr, mac: Mac, mad: &[u8; MAD_LEN]) {
         let off = MAD_RECVS * (GRH + MAD_LEN);
         ep.rnic.mr_bytes_mut(self.gsi.mr.lkey).expect("registered")[off..off + MAD_LEN]
             .copy_from_slice(mad);
@@ -192,9 +351,11 @@ impl Cm {
             remote_qpn: Qpn::new(1),
             remote_qkey: QKey::GSI,
         });
-        ep.rnic
-            .post_send(self.gsi.qpn, wr)
-            .map_err(|e| e.to_string())?;
+        if ep.rnic.post_send(self.gsi.qpn, wr).is_err() {
+            self.stats.send_failures += 1;
+            return;
+        }
+        self.stats.mads_sent += 1;
         // One send buffer: let it leave before the next MAD is copied in.
         let t = Instant::now();
         while ep.rnic.poll_cq(self.gsi.cq, 0).is_empty() && ep.rnic.wants_transmit() {
@@ -203,7 +364,6 @@ impl Cm {
                 break;
             }
         }
-        Ok(())
     }
 
     /// Turns until the agent reports something.
@@ -331,62 +491,145 @@ impl Cm {
         ep: &mut Endpoint,
         me: &RcSide,
         wait: Duration,
-        prepare: impl FnOnce(&mut Endpoint) -> Result<(), String>,
+        mut prepare: impl FnMut(&mut Endpoint) -> Result<(), String>,
     ) -> Result<RcConn, String> {
         let t = Instant::now();
-        let (id, from, req) = loop {
-            if let Some(CmEvent::ConnectRequest { id, from, req }) =
-                self.take(|e| matches!(e, CmEvent::ConnectRequest { .. }))
-            {
-                break (id, from, req);
-            }
-            if t.elapsed() > wait {
-                return Err(format!(
+        let mut waiting: Vec<Waiting> = Vec::new();
+        let r = loop {
+            let Some((id, from, req)) = self.next_request(ep, &mut waiting, t, wait)? else {
+                break Err(format!(
                     "rdma_cm: no connection request within {} s",
                     wait.as_secs()
                 ));
+            };
+            let mine = accepted(me, &req);
+            let path = Path {
+                peer: from,
+                flow_label: req.primary_path.flow_label,
+            };
+            // What the REP will say: reads in flight no deeper than the active side accepts,
+            // responder resources for as many as it keeps in flight. One value for both (the
+            // smaller) once left the passive side of perftest -R with one responder resource
+            // when the client accepted one read itself.
+            rc_up(
+                ep,
+                &mine,
+                (mine.initiator_depth, mine.responder_resources),
+                path,
+                req.local_qpn,
+                req.starting_psn,
+            )?;
+            prepare(ep)?;
+            let p = ConnParams {
+                qpn: mine.qpn,
+                psn: mine.psn,
+                path_mtu: mine.path_mtu,
+                responder_resources: mine.responder_resources,
+                initiator_depth: mine.initiator_depth,
+                ..ConnParams::default()
+            };
+            let now = ep.engine.now();
+            if self.agent.accept(now, id, &p).is_err() {
+                // Expired or withdrawn since it was taken: the next one.
+                reset_qp(ep, me.qpn)?;
+                continue;
+            }
+            match self.wait_for(ep, id, "RTU") {
+                Ok(CmEvent::Established { .. }) => {
+                    break Ok(RcConn {
+                        id,
+                        peer: from,
+                        remote_qpn: req.local_qpn,
+                        remote_psn: req.starting_psn,
+                    })
+                }
+                // No RTU (a REQ with a borrowed source address, or a client gone): withdraw
+                // the REP and serve the next request on a QP made new.
+                _ => {
+                    self.agent.close(id);
+                    self.stats.accepts_withdrawn += 1;
+                    reset_qp(ep, me.qpn)?;
+                }
+            }
+        };
+        // Requests still being resolved stay for the next accept (which asks again).
+        for w in waiting.into_iter().rev() {
+            ep.engine.forget_solicit(w.from);
+            self.events.push_front(CmEvent::ConnectRequest {
+                id: w.id,
+                from: w.from,
+                req: w.req,
+            });
+        }
+        r
+    }
+
+    /// The next connection request whose sender's MAC is known, without waiting on any one
+    /// sender: one whose address does not resolve yet waits in `waiting` (its address asked
+    /// about every [`SOLICIT_EVERY`]) while others are served, and is forgotten after
+    /// [`SOLICIT_FOR`]. `None` when `wait` since `t` has passed.
+    fn next_request(
+        &mut self,
+        ep: &mut Endpoint,
+        waiting: &mut Vec<Waiting>,
+        t: Instant,
+        wait: Duration,
+    ) -> Result<Option<(CommId, IpAddr, Box<ReqRepr>)>, String> {
+        loop {
+            if let Some(CmEvent::ConnectRequest { id, from, req }) =
+                self.take(|e| matches!(e, CmEvent::ConnectRequest { .. }))
+            {
+                if self.agent.state(id) != Some(CmState::ReqRcvd) {
+                    continue;
+                }
+                if ep.engine.neighbor(&mut ep.rnic, from).is_some() {
+                    return Ok(Some((id, from, req)));
+                }
+                if ep.engine.solicit(&mut ep.rnic, from).is_err() {
+                    self.agent.abandon(id);
+                    self.stats.reqs_unreachable += 1;
+                    continue;
+                }
+                let now = Instant::now();
+                waiting.push(Waiting {
+                    id,
+                    from,
+                    req,
+                    since: now,
+                    asked: now,
+                });
+                continue;
+            }
+            let mut i = 0;
+            while i < waiting.len() {
+                let w = &mut waiting[i];
+                if self.agent.state(w.id) != Some(CmState::ReqRcvd) {
+                    ep.engine.forget_solicit(w.from);
+                    waiting.swap_remove(i);
+                    continue;
+                }
+                if ep.engine.neighbor(&mut ep.rnic, w.from).is_some() {
+                    let w = waiting.swap_remove(i);
+                    return Ok(Some((w.id, w.from, w.req)));
+                }
+                if w.since.elapsed() > SOLICIT_FOR {
+                    // Nowhere to send a REJ: forget it without a word.
+                    ep.engine.forget_solicit(w.from);
+                    self.agent.abandon(w.id);
+                    self.stats.reqs_unreachable += 1;
+                    waiting.swap_remove(i);
+                    continue;
+                }
+                if w.asked.elapsed() > SOLICIT_EVERY {
+                    w.asked = Instant::now();
+                    let _ = ep.engine.solicit(&mut ep.rnic, w.from);
+                }
+                i += 1;
+            }
+            if t.elapsed() > wait {
+                return Ok(None);
             }
             self.pump(ep)?;
-        };
-        let mine = accepted(me, &req);
-        let path = Path {
-            peer: from,
-            flow_label: req.primary_path.flow_label,
-        };
-        // What the REP will say: reads in flight no deeper than the active side accepts,
-        // responder resources for as many as it keeps in flight. One value for both (the
-        // smaller) once left the passive side of perftest -R with one responder resource when
-        // the client accepted one read itself.
-        rc_up(
-            ep,
-            &mine,
-            (mine.initiator_depth, mine.responder_resources),
-            path,
-            req.local_qpn,
-            req.starting_psn,
-        )?;
-        prepare(ep)?;
-        let p = ConnParams {
-            qpn: mine.qpn,
-            psn: mine.psn,
-            path_mtu: mine.path_mtu,
-            responder_resources: mine.responder_resources,
-            initiator_depth: mine.initiator_depth,
-            ..ConnParams::default()
-        };
-        let now = ep.engine.now();
-        self.agent.accept(now, id, &p)?;
-        match self.wait_for(ep, id, "RTU")? {
-            CmEvent::Established { .. } => Ok(RcConn {
-                id,
-                peer: from,
-                remote_qpn: req.local_qpn,
-                remote_psn: req.starting_psn,
-            }),
-            e => {
-                self.agent.reject(id, RejReason::CONSUMER_DEFINED);
-                Err(format!("rdma_cm: accepting {from}: {e:?}"))
-            }
         }
     }
 
@@ -398,7 +641,6 @@ impl Cm {
     /// Ends every connection in `ids` (`rdma_disconnect`): a DREQ for those still up, then
     /// waits up to `wait` for each to be closed, by our DREQ's DREP or by the peer's DREQ.
     pub(crate) fn disconnect_all(&mut self, ep: &mut Endpoint, ids: &[CommId], wait: Duration) {
-        use rocemu_emulator::cm::CmState;
         for &id in ids {
             if self.agent.state(id) == Some(CmState::Established) {
                 let now = ep.engine.now();
@@ -411,7 +653,6 @@ impl Cm {
     /// Keeps answering (DREQs, repeated MADs) until none of `ids` is established or
     /// disconnecting any more, or `wait` has passed.
     pub(crate) fn linger(&mut self, ep: &mut Endpoint, ids: &[CommId], wait: Duration) {
-        use rocemu_emulator::cm::CmState;
         let until = Instant::now() + wait;
         while Instant::now() < until {
             let open = ids.iter().any(|&id| {
@@ -517,6 +758,17 @@ fn rc_up(
         &o,
     )
     .map_err(|e| format!("modify QP {:#x}: {e}", me.qpn.value()))
+}
+
+/// Back to RESET, so the QP can be brought up again for another connection.
+fn reset_qp(ep: &mut Endpoint, qpn: Qpn) -> Result<(), String> {
+    let attr = QpAttr {
+        qp_state: QpState::Reset,
+        ..QpAttr::default()
+    };
+    ep.rnic
+        .modify_qp(qpn, &attr, QpAttrMask::STATE)
+        .map_err(|e| format!("modify QP {:#x} to RESET: {e}", qpn.value()))
 }
 
 fn post_mad_recv(r: &mut Rnic, g: &Gsi, i: usize) -> Result<(), String> {

@@ -8,8 +8,9 @@
 //! same for its sink buffer; the server RDMA WRITEs what it read into it and SENDs "done". The
 //! client then checks (with `-V`) that its sink holds what its source held. The client ends the
 //! connection with a DREQ.
-use crate::rdmacm::{Cm, RcSide};
+use crate::rdmacm::{Cm, GsiCounters, RcSide};
 use crate::remote::Endpoint;
+use rocemu_emulator::cm::CmCounters;
 use rocemu_emulator::cm::CmEvent;
 use rocemu_emulator::rnic::mr::MrInfo;
 use rocemu_emulator::rnic::*;
@@ -221,10 +222,41 @@ fn pattern(start: &mut [u8], i: u64) {
 
 /// Runs one end of rping; returns the lines to print.
 pub fn rping(ep: &mut Endpoint, o: &RpingOpts) -> Result<Vec<String>, String> {
+    rping_counted(ep, o).0
+}
+
+/// What the CM and QP1 counted in a run: what peers sent that was refused, expired or dropped.
+#[derive(Debug, Clone, Default)]
+pub struct CmReport {
+    pub cm: CmCounters,
+    pub gsi: GsiCounters,
+    /// Both on one line, for stderr.
+    pub line: String,
+}
+
+/// [`rping`], and the CM's counters at its end (also when it failed).
+pub fn rping_counted(ep: &mut Endpoint, o: &RpingOpts) -> (Result<Vec<String>, String>, CmReport) {
     if o.size < 16 {
-        return Err(format!("-S {}: at least 16 bytes, as rping", o.size));
+        return (
+            Err(format!("-S {}: at least 16 bytes, as rping", o.size)),
+            CmReport::default(),
+        );
     }
-    let mut cm = Cm::new(ep)?;
+    let mut cm = match Cm::new(ep) {
+        Ok(c) => c,
+        Err(e) => return (Err(e), CmReport::default()),
+    };
+    let r = run(ep, o, &mut cm);
+    let (c, g) = cm.counters();
+    let report = CmReport {
+        cm: c,
+        gsi: g,
+        line: cm.counters_line(),
+    };
+    (r, report)
+}
+
+fn run(ep: &mut Endpoint, o: &RpingOpts, cm: &mut Cm) -> Result<Vec<String>, String> {
     let d = Data::new(ep, o.size)?;
     let me = RcSide {
         qpn: d.qpn,
@@ -254,10 +286,10 @@ pub fn rping(ep: &mut Endpoint, o: &RpingOpts) -> Result<Vec<String>, String> {
             );
             d.post_recv(&mut ep.rnic)?;
             d.send_info(&mut ep.rnic, src, d.mr.rkey, o.size as u32)?;
-            need(wait_for(ep, &mut cm, &d, &mut seen, ID_RECV, 2 * i + 1)?)?; // go ahead
+            need(wait_for(ep, cm, &d, &mut seen, ID_RECV, 2 * i + 1)?)?; // go ahead
             d.post_recv(&mut ep.rnic)?;
             d.send_info(&mut ep.rnic, sink, d.mr.rkey, o.size as u32)?;
-            need(wait_for(ep, &mut cm, &d, &mut seen, ID_RECV, 2 * i + 2)?)?; // done
+            need(wait_for(ep, cm, &d, &mut seen, ID_RECV, 2 * i + 2)?)?; // done
             let b = ep.rnic.mr_bytes(d.mr.lkey).expect("registered");
             if o.validate && b[..o.size] != b[o.size..2 * o.size] {
                 return Err(format!("rping: data mismatch in iteration {i}"));
@@ -314,7 +346,7 @@ pub fn rping(ep: &mut Endpoint, o: &RpingOpts) -> Result<Vec<String>, String> {
                     ),
                 )
                 .map_err(|e| e.to_string())?;
-            need(wait_for(ep, &mut cm, &d, &mut seen, ID_RDMA, 2 * i + 1)?)?;
+            need(wait_for(ep, cm, &d, &mut seen, ID_RDMA, 2 * i + 1)?)?;
             if o.verbose {
                 let b = &ep.rnic.mr_bytes(d.mr.lkey).expect("registered")[..len];
                 lines.push(format!(
@@ -324,7 +356,7 @@ pub fn rping(ep: &mut Endpoint, o: &RpingOpts) -> Result<Vec<String>, String> {
             }
             d.post_recv(&mut ep.rnic)?;
             d.send_info(&mut ep.rnic, 0, 0, 0)?;
-            need(wait_for(ep, &mut cm, &d, &mut seen, ID_RECV, 2 * i + 2)?)?; // the sink
+            need(wait_for(ep, cm, &d, &mut seen, ID_RECV, 2 * i + 2)?)?; // the sink
             let (buf, rkey, len2) = d.received_info(&ep.rnic);
             ep.rnic
                 .post_send(
@@ -343,11 +375,11 @@ pub fn rping(ep: &mut Endpoint, o: &RpingOpts) -> Result<Vec<String>, String> {
                     ),
                 )
                 .map_err(|e| e.to_string())?;
-            need(wait_for(ep, &mut cm, &d, &mut seen, ID_RDMA, 2 * i + 2)?)?;
+            need(wait_for(ep, cm, &d, &mut seen, ID_RDMA, 2 * i + 2)?)?;
             d.post_recv(&mut ep.rnic)?;
             d.send_info(&mut ep.rnic, 0, 0, 0)?;
             // The client may take "done" and disconnect before our SEND's ACK is in: also fine.
-            let acked = wait_for(ep, &mut cm, &d, &mut seen, ID_SEND, 2 * i + 2)?;
+            let acked = wait_for(ep, cm, &d, &mut seen, ID_SEND, 2 * i + 2)?;
             i += 1;
             if !acked {
                 break;

@@ -222,3 +222,59 @@ fn perftest_binary_address_messages_of_a_real_run() {
     big[8] = 1;
     assert!(PerftestDest::from_binary(&big).is_err());
 }
+
+/// A forged REQ from an address that never answers ARP, a forged DREQ and a forged REJ reach an
+/// `rping -s` before the real client: the server answers none of them synchronously, counts
+/// them, and serves the client. (Before, the REQ was accepted first and its 5 s ARP failure,
+/// or the DREP's, ended the server.)
+#[test]
+fn forged_mads_from_unresolvable_sources_do_not_stop_an_rping_server() {
+    use rocemu_testbed::forge_cm::{frame, mad, Forged};
+    use rocemu_testbed::rping::{rping, rping_counted, RpingOpts};
+    use std::net::IpAddr;
+    let server: IpAddr = "10.8.0.1".parse().unwrap();
+    let server_mac = Mac([2, 0, 0, 0, 8, 1]);
+    let forger = Mac([2, 0x66, 0, 0, 0, 1]);
+    let frames: Vec<Vec<u8>> = [
+        (Forged::Req { port: 7174 }, "10.201.0.7", 0x1234),
+        (Forged::Dreq, "10.201.0.8", 0x2345),
+        (Forged::Rej, "10.201.0.9", 0x3456),
+    ]
+    .into_iter()
+    .map(|(k, src, id)| {
+        let src: IpAddr = src.parse().unwrap();
+        frame(forger, src, server_mac, server, &mad(k, src, server, id, 7))
+    })
+    .collect();
+    let opts = |server: Option<IpAddr>| RpingOpts {
+        server,
+        port: 7174,
+        count: 5,
+        size: 64,
+        verbose: false,
+        validate: true,
+    };
+    let t = std::time::Instant::now();
+    let (s, c) = common::pair_injected(
+        8,
+        &frames,
+        move |ep| rping_counted(ep, &opts(None)),
+        |ep| {
+            // Let the forged MADs be seen first.
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            rping(ep, &opts(Some(server)))
+        },
+    );
+    let (s, report) = s;
+    let c = c.unwrap();
+    let s = s.unwrap();
+    assert!(c.iter().any(|l| l.contains("5 iterations")), "{c:?}");
+    assert!(s.iter().any(|l| l.contains("5 iterations")), "{s:?}");
+    // The forged REQ was received and, its sender never resolving, forgotten or never chosen;
+    // the DREQ (for no connection) and the REJ were counted as for unknown connections; the
+    // DREP to the DREQ's source waited for a MAC that never came.
+    assert_eq!(report.cm.reqs_received, 2, "{}", report.line);
+    assert_eq!(report.cm.unknown_connection, 2, "{}", report.line);
+    assert!(report.gsi.mads_deferred >= 1, "{}", report.line);
+    assert!(t.elapsed() < std::time::Duration::from_secs(20));
+}

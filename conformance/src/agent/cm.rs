@@ -132,7 +132,14 @@ impl CmService {
             gsi_cq,
             mr,
             busy: [false; SENDS],
-            agent: CmAgent::with_seed(ip, guid, &seed),
+            agent: {
+                // This service accepts every REQ it can give a QP to and bounds those itself
+                // (MAX_CONNECTIONS, REJ no resources): the agent's listen backlog must not be
+                // the smaller bound, or a flood of REPs without RTU would shut it.
+                let mut a = CmAgent::with_seed(ip, guid, &seed);
+                a.max_half_open = MAX_CONNECTIONS;
+                a
+            },
             pd,
             cq,
             ports: Vec::new(),

@@ -249,6 +249,29 @@ impl Engine {
         }
     }
 
+    /// The MAC of `ip` if the table has it (handed to the RNIC too), without asking or waiting:
+    /// for callers that must not block on a peer that may never answer (a MAD to the source of
+    /// an unsolicited REQ). Pair it with [`solicit`](Self::solicit).
+    pub fn neighbor(&mut self, rnic: &mut Rnic, ip: IpAddr) -> Option<Mac> {
+        let m = self.st.neighbors.get(ip, self.now())?;
+        rnic.set_neighbor(ip, m);
+        self.st.asking.retain(|a| *a != ip);
+        Some(m)
+    }
+
+    /// Asks once for `ip`'s MAC (ARP, or a neighbour solicitation) and returns: the answer is
+    /// learnt by later turns (see [`neighbor`](Self::neighbor)). The caller paces the repeats
+    /// and bounds how many addresses it asks about at once.
+    pub fn solicit(&mut self, rnic: &mut Rnic, ip: IpAddr) -> Result<(), String> {
+        self.st.ask(rnic, ip)
+    }
+
+    /// Stops treating `ip` as asked about (a [`solicit`](Self::solicit) given up on): a late
+    /// answer is then learnt only as any other.
+    pub fn forget_solicit(&mut self, ip: IpAddr) {
+        self.st.asking.retain(|a| *a != ip);
+    }
+
     /// Sends what the port still holds; true when nothing is left.
     pub fn flush(&mut self) -> bool {
         self.port.flush()

@@ -26,7 +26,22 @@ pub fn pair<S: Send + 'static, C>(
     server: impl FnOnce(&mut Endpoint) -> S + Send + 'static,
     client: impl FnOnce(&mut Endpoint) -> C,
 ) -> (S, C) {
+    pair_injected(net, &[], server, client)
+}
+
+/// [`pair`], with `frames` waiting on the server's port before it starts, as if they had come
+/// off the wire first (forged frames, for hostile-peer tests).
+#[allow(dead_code)] // not every test binary forges
+pub fn pair_injected<S: Send + 'static, C>(
+    net: u8,
+    frames: &[Vec<u8>],
+    server: impl FnOnce(&mut Endpoint) -> S + Send + 'static,
+    client: impl FnOnce(&mut Endpoint) -> C,
+) -> (S, C) {
     let (pa, pb) = pipe(Mac([2, 0, 0, 0, net, 1]), Mac([2, 0, 0, 0, net, 2]), 1500);
+    for f in frames {
+        pa.inject(f);
+    }
     let s = std::thread::spawn(move || server(&mut endpoint(pa, net, 1)));
     let mut ep = endpoint(pb, net, 2);
     let c = client(&mut ep);
