@@ -879,7 +879,7 @@ pub struct PerfOpts {
     /// perftest's `-R`: connect through rdma_cm and run the exchange on an RC QP of its own.
     pub rdma_cm: bool,
     /// perftest's `-o`: the reads and atomics this end accepts as responder in the read and
-    /// atomic tests, which it advertises as out_reads (None: [`OUT_READS`]; capped at the
+    /// atomic tests, which it advertises as out_reads (None: 16, perftest's default; capped at the
     /// device's `max_qp_rd_atom`, as perftest does).
     pub out_reads: Option<u16>,
 }

@@ -568,7 +568,7 @@ impl Rnic {
 
     // ---- QP ----------------------------------------------------------------------------
 
-    /// `ibv_create_qp`. The QPN looks random (never 0 or 1, which are reserved); see [`qpn`].
+    /// `ibv_create_qp`. The QPN looks random (never 0 or 1, which are reserved); see the `rnic::qpn` module.
     pub fn create_qp(&mut self, pd: PdId, init: QpInitAttr) -> Result<Qpn, VerbsError> {
         self.check_qp_init(pd, &init)?;
         self.insert_qp(pd, &init, None)
