@@ -2,6 +2,9 @@
 //! (`emulator/tests/fuzz_corpus.rs`): arbitrary frames and verbs calls against an RNIC with a
 //! connected RC QP, a UC QP and a UD QP. Panics are the findings; so is any write outside a
 //! memory region, which is checked with guard regions that nothing may change.
+//!
+//! Built only with the `fuzzing` feature: fuzz/ turns it on, and so do this crate's own tests
+//! (through its dev-dependency on itself); a plain build of the library leaves it out.
 use crate::rnic::*;
 use crate::sim::{bring_up, ConnectOpts, IP_A, IP_B, MAC_A, MAC_B};
 use crate::time::Nanos;
