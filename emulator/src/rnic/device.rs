@@ -72,7 +72,8 @@ pub struct Counters {
     pub cnp_received: u64,
     /// Completions lost to a full CQ, or to a CQ in error since.
     pub cq_overflows: u64,
-    /// Asynchronous events dropped because nobody polled them ([`ASYNC_EVENTS_MAX`](super::ASYNC_EVENTS_MAX) queued).
+    /// Asynchronous events dropped because nobody polled them
+    /// ([`ASYNC_EVENTS_MAX`](super::ASYNC_EVENTS_MAX) queued).
     pub async_events_dropped: u64,
     /// Responses (ACK, NAK, read response, atomic ACK) merged into one already queued: an
     /// ACK or NAK acknowledges every PSN before its own, and a duplicate's answer that is
@@ -98,7 +99,7 @@ pub(crate) struct Dev {
     /// CQs that went to error and whose QPs the RNIC has not moved to ERR yet (it does so before
     /// the entry point that overflowed them returns).
     pub failed_cqs: Vec<CqId>,
-    /// For `ibv_get_async_event`; at most [`ASYNC_EVENTS_MAX`].
+    /// For `ibv_get_async_event`; at most [`ASYNC_EVENTS_MAX`](super::ASYNC_EVENTS_MAX).
     pub async_events: VecDeque<AsyncEvent>,
 }
 
