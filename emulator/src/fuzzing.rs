@@ -2,6 +2,10 @@
 //! (`emulator/tests/fuzz_corpus.rs`): arbitrary frames and verbs calls against an RNIC with a
 //! connected RC QP, a UC QP and a UD QP. Panics are the findings; so is any write outside a
 //! memory region, which is checked with guard regions that nothing may change.
+//!
+//! Built only with the `fuzzing` feature: fuzz/ turns it on, and so do this crate's own tests
+//! (through its dev-dependency on itself); a plain build of the library leaves it out.
+use crate::rnic::mr::MrInfo;
 use crate::rnic::*;
 use crate::sim::{bring_up, ConnectOpts, IP_A, IP_B, MAC_A, MAC_B};
 use crate::time::Nanos;
@@ -61,51 +65,260 @@ fn drain(r: &mut Rnic, now: Nanos, out: &mut [u8]) {
     }
 }
 
-/// Runs one fuzz input.
-pub fn rnic_target(data: &[u8]) {
-    let mut r = Rnic::new(RnicConfig::new(MAC_B, IP_B, 7));
-    r.set_neighbor(IP_A, MAC_A);
-    let pd = r.alloc_pd();
-    let cq = r.create_cq(256).unwrap();
-    let cap = QpCap {
-        max_send_wr: 32,
-        max_recv_wr: 32,
-        max_send_sge: 2,
-        max_recv_sge: 2,
-        max_inline_data: 64,
-    };
-    let mk = |r: &mut Rnic, t| {
-        r.create_qp(
-            pd,
-            QpInitAttr {
-                qp_type: t,
-                send_cq: cq,
-                recv_cq: cq,
-                srq: None,
-                cap,
-                sq_sig_all: true,
-            },
-        )
-        .unwrap()
-    };
-    let rc = mk(&mut r, QpType::Rc);
-    let uc = mk(&mut r, QpType::Uc);
-    let ud = mk(&mut r, QpType::Ud);
-    // Guard, target, guard: the target is open to everything; the guards to nothing remote.
-    let g1 = r.reg_mr_at(pd, 0x10000, 4096, Access::LOCAL_WRITE).unwrap();
-    let mr = r.reg_mr_at(pd, 0x11000, 4096, Access::ALL).unwrap();
-    let g2 = r.reg_mr_at(pd, 0x12000, 4096, Access::LOCAL_WRITE).unwrap();
-    let o = ConnectOpts {
-        timeout: 4,
-        retry_cnt: 2,
-        rnr_retry: 2,
-        ..Default::default()
-    };
-    let peer = Qpn::new(0x123);
-    for q in [rc, uc, ud] {
-        let _ = bring_up(&mut r, q, peer, IP_A, o.psn_b, o.psn_a, &o);
+/// The RNIC under test: a connected RC QP, a UC QP and a UD QP, and a memory region open to
+/// everything between two guard regions open to nothing remote.
+struct Bench {
+    r: Rnic,
+    cq: CqId,
+    qps: [Qpn; 3],
+    mr: MrInfo,
+    guards: [MrInfo; 2],
+    peer: Qpn,
+    o: ConnectOpts,
+    now: Nanos,
+}
+
+impl Bench {
+    fn new() -> Bench {
+        let mut r = Rnic::new(RnicConfig::new(MAC_B, IP_B, 7));
+        r.set_neighbor(IP_A, MAC_A);
+        let pd = r.alloc_pd();
+        let cq = r.create_cq(256).unwrap();
+        let cap = QpCap {
+            max_send_wr: 32,
+            max_recv_wr: 32,
+            max_send_sge: 2,
+            max_recv_sge: 2,
+            max_inline_data: 64,
+        };
+        let mk = |r: &mut Rnic, t| {
+            r.create_qp(
+                pd,
+                QpInitAttr {
+                    qp_type: t,
+                    send_cq: cq,
+                    recv_cq: cq,
+                    srq: None,
+                    cap,
+                    sq_sig_all: true,
+                },
+            )
+            .unwrap()
+        };
+        let rc = mk(&mut r, QpType::Rc);
+        let uc = mk(&mut r, QpType::Uc);
+        let ud = mk(&mut r, QpType::Ud);
+        // Guard, target, guard: the target is open to everything; the guards to nothing remote.
+        let g1 = r.reg_mr_at(pd, 0x10000, 4096, Access::LOCAL_WRITE).unwrap();
+        let mr = r.reg_mr_at(pd, 0x11000, 4096, Access::ALL).unwrap();
+        let g2 = r.reg_mr_at(pd, 0x12000, 4096, Access::LOCAL_WRITE).unwrap();
+        let o = ConnectOpts {
+            timeout: 4,
+            retry_cnt: 2,
+            rnr_retry: 2,
+            ..Default::default()
+        };
+        let peer = Qpn::new(0x123);
+        for q in [rc, uc, ud] {
+            let _ = bring_up(&mut r, q, peer, IP_A, o.psn_b, o.psn_a, &o);
+        }
+        Bench {
+            r,
+            cq,
+            qps: [rc, uc, ud],
+            mr,
+            guards: [g1, g2],
+            peer,
+            o,
+            now: Nanos(0),
+        }
     }
-    let mut now = Nanos(0);
+
+    /// A well-formed request to one of our QPs with fuzzed fields (commands 1–3; 3 also flips
+    /// a byte).
+    fn request(&mut self, c: &mut Cursor<'_>, cmd: u8, qp: Qpn) {
+        let op = Opcode::new(c.u8().unwrap_or(4) % 0x30).unwrap_or(Opcode::RC_SEND_ONLY);
+        let op = if cmd >> 4 == 2 {
+            Opcode::new(0x64 + (op.value() & 1)).unwrap()
+        } else {
+            op
+        };
+        let psn = Psn::new(
+            self.o
+                .psn_a
+                .value()
+                .wrapping_add(c.u8().unwrap_or(0) as u32)
+                .wrapping_sub(8),
+        );
+        let plen = c.u8().unwrap_or(0) as usize * 4;
+        let info = op.info();
+        let mut bth = BthRepr::new(op, qp, psn);
+        bth.ack_req = true;
+        let payload = if info.has_payload() { plen } else { 0 };
+        bth.pad = pad_for(payload);
+        let va = 0x10000 + (c.u32().unwrap_or(0) as u64 % 0x3000);
+        let rkey = if c.u8().unwrap_or(0) & 1 == 0 {
+            self.mr.rkey
+        } else {
+            c.u32().unwrap_or(0)
+        };
+        let len = c.u32().unwrap_or(0) % 9000;
+        let h = rocemu_wire::opcode::hdr::RETH;
+        let ext = ExtHeaders {
+            reth: info.has(h).then_some(RethRepr {
+                va,
+                rkey: RKey(rkey),
+                dma_len: len,
+            }),
+            atomic: info.has(rocemu_wire::opcode::hdr::ATOMIC_ETH).then_some(
+                rocemu_wire::AtomicEthRepr {
+                    va,
+                    rkey: RKey(rkey),
+                    swap_add: 1,
+                    compare: 0,
+                },
+            ),
+            aeth: info
+                .has(rocemu_wire::opcode::hdr::AETH)
+                .then_some(rocemu_wire::AethRepr {
+                    syndrome: rocemu_wire::Syndrome(c.u8().unwrap_or(0)),
+                    msn: rocemu_wire::Msn::new(0),
+                }),
+            atomic_ack: info
+                .has(rocemu_wire::opcode::hdr::ATOMIC_ACK_ETH)
+                .then_some(rocemu_wire::AtomicAckEthRepr { orig: 5 }),
+            imm: info.has(rocemu_wire::opcode::hdr::IMM).then_some(1),
+            ieth: info
+                .has(rocemu_wire::opcode::hdr::IETH)
+                .then_some(RKey(rkey)),
+            deth: info
+                .has(rocemu_wire::opcode::hdr::DETH)
+                .then_some(rocemu_wire::DethRepr {
+                    qkey: QKey(self.o.qkey.0 ^ (c.u8().unwrap_or(0) as u32 & 1)),
+                    src_qpn: self.peer,
+                    resv: 0,
+                }),
+            feth: None,
+        };
+        let f = FrameRepr {
+            eth: EthernetRepr {
+                dst: MAC_B,
+                src: MAC_A,
+                vlan: None,
+                ethertype: 0,
+            },
+            ip: IpRepr::roce(IP_A, IP_B, 0, 64, 0),
+            sport: 0xc000,
+            dport: ROCEV2_UDP_PORT,
+            bth,
+            ext,
+        };
+        let mut buf = vec![0u8; f.frame_len(payload)];
+        if f.emit(&mut buf, payload, |d| d.fill(0xab)).is_ok() {
+            // Flip one byte now and then (the ICRC then drops it, or not if it was masked).
+            if cmd & 0x0f == 3 && !buf.is_empty() {
+                let i = c.u8().unwrap_or(0) as usize % buf.len();
+                buf[i] ^= 0x5a;
+            }
+            self.r.handle_frame(self.now, &buf);
+        }
+    }
+
+    /// `post_send` with a fuzzed opcode, local and remote addresses.
+    fn post_send(&mut self, c: &mut Cursor<'_>, qp: Qpn) {
+        let k = c.u8().unwrap_or(0);
+        let addr = 0x10000 + (c.u32().unwrap_or(0) as u64 % 0x3400);
+        let length = c.u32().unwrap_or(0) % 5000;
+        let lkey = if k & 0x80 == 0 {
+            self.mr.lkey
+        } else {
+            c.u32().unwrap_or(0)
+        };
+        let remote = c.u64().unwrap_or(0);
+        let opcode = match k % 8 {
+            0 => WrOpcode::Send,
+            1 => WrOpcode::SendWithImm { imm: 3 },
+            2 => WrOpcode::SendWithInv {
+                invalidate_rkey: self.mr.rkey,
+            },
+            3 => WrOpcode::RdmaWrite {
+                remote_addr: remote,
+                rkey: 9,
+            },
+            4 => WrOpcode::RdmaWriteWithImm {
+                remote_addr: remote,
+                rkey: 9,
+                imm: 1,
+            },
+            5 => WrOpcode::RdmaRead {
+                remote_addr: remote,
+                rkey: 9,
+            },
+            6 => WrOpcode::AtomicCmpSwap {
+                remote_addr: remote,
+                rkey: 9,
+                compare: 1,
+                swap: 2,
+            },
+            _ => WrOpcode::AtomicFetchAdd {
+                remote_addr: remote,
+                rkey: 9,
+                add: 1,
+            },
+        };
+        let mut w = SendWr::new(k as u64, opcode, vec![Sge { addr, length, lkey }]);
+        if k & 0x40 != 0 {
+            w.flags = SendFlags::INLINE | SendFlags::SIGNALED;
+            w.inline_data = vec![7; (length % 100) as usize];
+        }
+        w.ud = Some(UdDest {
+            ah: AhAttr::to(IP_A, MAC_A),
+            remote_qpn: self.peer,
+            remote_qkey: QKey(c.u32().unwrap_or(0)),
+        });
+        let _ = self.r.post_send(qp, w);
+    }
+
+    fn post_recv(&mut self, c: &mut Cursor<'_>, qp: Qpn) {
+        let addr = 0x10000 + (c.u32().unwrap_or(0) as u64 % 0x3400);
+        let length = c.u32().unwrap_or(0) % 5000;
+        let _ = self.r.post_recv(
+            qp,
+            RecvWr {
+                wr_id: 1,
+                sg_list: vec![Sge {
+                    addr,
+                    length,
+                    lkey: self.mr.lkey,
+                }],
+            },
+        );
+    }
+
+    /// `modify_qp` to a fuzzed state with a fuzzed mask.
+    fn modify_qp(&mut self, c: &mut Cursor<'_>, qp: Qpn) {
+        let st = [
+            QpState::Reset,
+            QpState::Init,
+            QpState::Rtr,
+            QpState::Rts,
+            QpState::Sqd,
+            QpState::Sqe,
+            QpState::Err,
+        ][c.u8().unwrap_or(0) as usize % 7];
+        let mask = QpAttrMask(c.u32().unwrap_or(1) & 0x1f_ffff);
+        let attr = QpAttr {
+            qp_state: st,
+            ..Default::default()
+        };
+        let _ = self.r.modify_qp(qp, &attr, mask);
+    }
+}
+
+/// Runs one fuzz input: a stream of commands, each a byte (the low nibble the command, the high
+/// one the QP) and its operands.
+pub fn rnic_target(data: &[u8]) {
+    let mut b = Bench::new();
     let mut c = Cursor(data);
     let mut out = vec![0u8; 10_000];
     let mut steps = 0;
@@ -114,203 +327,34 @@ pub fn rnic_target(data: &[u8]) {
         if steps > 256 {
             break;
         }
-        let qp = [rc, uc, ud][(cmd >> 4) as usize % 3];
+        let qp = b.qps[(cmd >> 4) as usize % 3];
         match cmd & 0x0f {
             // A raw frame.
             0 => {
                 let n = c.u8().unwrap_or(0) as usize * 8;
                 let f = c.bytes(n).to_vec();
-                r.handle_frame(now, &f);
+                b.r.handle_frame(b.now, &f);
             }
-            // A well-formed request to one of our QPs with fuzzed fields.
-            1..=3 => {
-                let op = Opcode::new(c.u8().unwrap_or(4) % 0x30).unwrap_or(Opcode::RC_SEND_ONLY);
-                let op = if cmd >> 4 == 2 {
-                    Opcode::new(0x64 + (op.value() & 1)).unwrap()
-                } else {
-                    op
-                };
-                let psn = Psn::new(
-                    o.psn_a
-                        .value()
-                        .wrapping_add(c.u8().unwrap_or(0) as u32)
-                        .wrapping_sub(8),
-                );
-                let plen = c.u8().unwrap_or(0) as usize * 4;
-                let info = op.info();
-                let mut bth = BthRepr::new(op, qp, psn);
-                bth.ack_req = true;
-                let payload = if info.has_payload() { plen } else { 0 };
-                bth.pad = pad_for(payload);
-                let va = 0x10000 + (c.u32().unwrap_or(0) as u64 % 0x3000);
-                let rkey = if c.u8().unwrap_or(0) & 1 == 0 {
-                    mr.rkey
-                } else {
-                    c.u32().unwrap_or(0)
-                };
-                let len = c.u32().unwrap_or(0) % 9000;
-                let h = rocemu_wire::opcode::hdr::RETH;
-                let ext = ExtHeaders {
-                    reth: info.has(h).then_some(RethRepr {
-                        va,
-                        rkey: RKey(rkey),
-                        dma_len: len,
-                    }),
-                    atomic: info.has(rocemu_wire::opcode::hdr::ATOMIC_ETH).then_some(
-                        rocemu_wire::AtomicEthRepr {
-                            va,
-                            rkey: RKey(rkey),
-                            swap_add: 1,
-                            compare: 0,
-                        },
-                    ),
-                    aeth: info.has(rocemu_wire::opcode::hdr::AETH).then_some(
-                        rocemu_wire::AethRepr {
-                            syndrome: rocemu_wire::Syndrome(c.u8().unwrap_or(0)),
-                            msn: rocemu_wire::Msn::new(0),
-                        },
-                    ),
-                    atomic_ack: info
-                        .has(rocemu_wire::opcode::hdr::ATOMIC_ACK_ETH)
-                        .then_some(rocemu_wire::AtomicAckEthRepr { orig: 5 }),
-                    imm: info.has(rocemu_wire::opcode::hdr::IMM).then_some(1),
-                    ieth: info
-                        .has(rocemu_wire::opcode::hdr::IETH)
-                        .then_some(RKey(rkey)),
-                    deth: info.has(rocemu_wire::opcode::hdr::DETH).then_some(
-                        rocemu_wire::DethRepr {
-                            qkey: QKey(o.qkey.0 ^ (c.u8().unwrap_or(0) as u32 & 1)),
-                            src_qpn: peer,
-                            resv: 0,
-                        },
-                    ),
-                    feth: None,
-                };
-                let f = FrameRepr {
-                    eth: EthernetRepr {
-                        dst: MAC_B,
-                        src: MAC_A,
-                        vlan: None,
-                        ethertype: 0,
-                    },
-                    ip: IpRepr::roce(IP_A, IP_B, 0, 64, 0),
-                    sport: 0xc000,
-                    dport: ROCEV2_UDP_PORT,
-                    bth,
-                    ext,
-                };
-                let mut buf = vec![0u8; f.frame_len(payload)];
-                if f.emit(&mut buf, payload, |d| d.fill(0xab)).is_ok() {
-                    // Flip one byte now and then (the ICRC then drops it, or not if it was masked).
-                    if cmd & 0x0f == 3 && !buf.is_empty() {
-                        let i = c.u8().unwrap_or(0) as usize % buf.len();
-                        buf[i] ^= 0x5a;
-                    }
-                    r.handle_frame(now, &buf);
-                }
-            }
-            // Verbs: post_send with fuzzed opcode, local and remote addresses.
-            4 => {
-                let k = c.u8().unwrap_or(0);
-                let addr = 0x10000 + (c.u32().unwrap_or(0) as u64 % 0x3400);
-                let length = c.u32().unwrap_or(0) % 5000;
-                let lkey = if k & 0x80 == 0 {
-                    mr.lkey
-                } else {
-                    c.u32().unwrap_or(0)
-                };
-                let remote = c.u64().unwrap_or(0);
-                let opcode = match k % 8 {
-                    0 => WrOpcode::Send,
-                    1 => WrOpcode::SendWithImm { imm: 3 },
-                    2 => WrOpcode::SendWithInv {
-                        invalidate_rkey: mr.rkey,
-                    },
-                    3 => WrOpcode::RdmaWrite {
-                        remote_addr: remote,
-                        rkey: 9,
-                    },
-                    4 => WrOpcode::RdmaWriteWithImm {
-                        remote_addr: remote,
-                        rkey: 9,
-                        imm: 1,
-                    },
-                    5 => WrOpcode::RdmaRead {
-                        remote_addr: remote,
-                        rkey: 9,
-                    },
-                    6 => WrOpcode::AtomicCmpSwap {
-                        remote_addr: remote,
-                        rkey: 9,
-                        compare: 1,
-                        swap: 2,
-                    },
-                    _ => WrOpcode::AtomicFetchAdd {
-                        remote_addr: remote,
-                        rkey: 9,
-                        add: 1,
-                    },
-                };
-                let mut w = SendWr::new(k as u64, opcode, vec![Sge { addr, length, lkey }]);
-                if k & 0x40 != 0 {
-                    w.flags = SendFlags::INLINE | SendFlags::SIGNALED;
-                    w.inline_data = vec![7; (length % 100) as usize];
-                }
-                w.ud = Some(UdDest {
-                    ah: AhAttr::to(IP_A, MAC_A),
-                    remote_qpn: peer,
-                    remote_qkey: QKey(c.u32().unwrap_or(0)),
-                });
-                let _ = r.post_send(qp, w);
-            }
-            5 => {
-                let addr = 0x10000 + (c.u32().unwrap_or(0) as u64 % 0x3400);
-                let length = c.u32().unwrap_or(0) % 5000;
-                let _ = r.post_recv(
-                    qp,
-                    RecvWr {
-                        wr_id: 1,
-                        sg_list: vec![Sge {
-                            addr,
-                            length,
-                            lkey: mr.lkey,
-                        }],
-                    },
-                );
-            }
-            6 => {
-                let st = [
-                    QpState::Reset,
-                    QpState::Init,
-                    QpState::Rtr,
-                    QpState::Rts,
-                    QpState::Sqd,
-                    QpState::Sqe,
-                    QpState::Err,
-                ][c.u8().unwrap_or(0) as usize % 7];
-                let mask = QpAttrMask(c.u32().unwrap_or(1) & 0x1f_ffff);
-                let attr = QpAttr {
-                    qp_state: st,
-                    ..Default::default()
-                };
-                let _ = r.modify_qp(qp, &attr, mask);
-            }
+            1..=3 => b.request(&mut c, cmd, qp),
+            4 => b.post_send(&mut c, qp),
+            5 => b.post_recv(&mut c, qp),
+            6 => b.modify_qp(&mut c, qp),
             7 => {
-                now = now + Nanos(c.u32().unwrap_or(0) as u64 * 64);
-                r.handle_timeout(now);
+                b.now = b.now + Nanos(c.u32().unwrap_or(0) as u64 * 64);
+                b.r.handle_timeout(b.now);
             }
             _ => {
-                drain(&mut r, now, &mut out);
-                let _ = r.poll_cq(cq, 64);
+                drain(&mut b.r, b.now, &mut out);
+                let _ = b.r.poll_cq(b.cq, 64);
             }
         }
     }
-    drain(&mut r, now, &mut out);
+    drain(&mut b.r, b.now, &mut out);
     // Guards: no remote operation may have written them (they grant no remote access), and
     // local writes only happen through receive or read buffers inside the target region.
-    for g in [g1, g2] {
+    for g in b.guards {
         assert!(
-            r.mr_bytes(g.lkey).unwrap().iter().all(|&b| b == 0),
+            b.r.mr_bytes(g.lkey).unwrap().iter().all(|&b| b == 0),
             "a guard region was written"
         );
     }

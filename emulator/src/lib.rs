@@ -14,6 +14,8 @@
 pub mod api;
 pub mod cm;
 pub mod engine;
+// The fuzz targets' bodies: only with the `fuzzing` feature (fuzz/, and the corpus tests).
+#[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod port;

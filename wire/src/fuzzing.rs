@@ -1,5 +1,8 @@
 //! The body of the `parse_frame` fuzz target, here so that its corpus also runs as a plain test
 //! (`wire/tests/corpus.rs`). Panics are the findings.
+//!
+//! Built only with the `fuzzing` feature: fuzz/ turns it on, and so do this crate's own tests
+//! (through its dev-dependency on itself); a plain build of the library leaves it out.
 use crate::frame::{parse_ip_packet, FrameRepr, IpRepr};
 use crate::parse_frame;
 

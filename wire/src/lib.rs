@@ -20,6 +20,8 @@ pub mod cm;
 mod error;
 pub mod eth;
 pub mod frame;
+// The fuzz targets' bodies: only with the `fuzzing` feature (fuzz/, and the corpus tests).
+#[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod headers;

@@ -7,6 +7,7 @@ use super::{flush, Dev};
 use crate::time::Nanos;
 use rocemu_wire::frame::pad_for;
 use rocemu_wire::headers::{AtomicEthRepr, DethRepr, RethRepr};
+use rocemu_wire::opcode::OpcodeInfo;
 use rocemu_wire::{BthRepr, ExtHeaders, Opcode, PKey, QKey, RKey};
 
 /// Requests an ACK at least this often within a long message (rxe: RXE_MAX_PKT_PER_ACK).
@@ -231,85 +232,10 @@ fn emit_packet(
     let fills_window = psn.next().distance_from(qp.acked_psn) >= qp.cwnd.min(MAX_INFLIGHT_PSNS);
     bth.ack_req = qp.qp_type == QpType::Rc
         && (last || fills_window || (k + 1).is_multiple_of(MAX_PKTS_PER_ACK));
-    let mut ext = ExtHeaders::default();
-    let info = opcode.info();
-    match w.wr.opcode {
-        WrOpcode::RdmaWrite { remote_addr, rkey }
-        | WrOpcode::RdmaWriteWithImm {
-            remote_addr, rkey, ..
-        } if info.has(rocemu_wire::opcode::hdr::RETH) => {
-            ext.reth = Some(RethRepr {
-                va: remote_addr,
-                rkey: RKey(rkey),
-                dma_len: w.len as u32,
-            });
-        }
-        WrOpcode::RdmaRead { remote_addr, rkey } => {
-            // Resuming mid-read (go-back-N, IBTA 9.7.5.2.4): ask for the rest only.
-            ext.reth = Some(RethRepr {
-                va: remote_addr.wrapping_add(offset),
-                rkey: RKey(rkey),
-                dma_len: (w.len - offset.min(w.len)) as u32,
-            });
-        }
-        WrOpcode::AtomicCmpSwap {
-            remote_addr,
-            rkey,
-            compare,
-            swap,
-        } => {
-            ext.atomic = Some(AtomicEthRepr {
-                va: remote_addr,
-                rkey: RKey(rkey),
-                swap_add: swap,
-                compare,
-            });
-        }
-        WrOpcode::AtomicFetchAdd {
-            remote_addr,
-            rkey,
-            add,
-        } => {
-            ext.atomic = Some(AtomicEthRepr {
-                va: remote_addr,
-                rkey: RKey(rkey),
-                swap_add: add,
-                compare: 0,
-            });
-        }
-        _ => {}
-    }
-    if info.has(rocemu_wire::opcode::hdr::IMM) {
-        if let WrOpcode::SendWithImm { imm } | WrOpcode::RdmaWriteWithImm { imm, .. } = w.wr.opcode
-        {
-            ext.imm = Some(imm);
-        }
-    }
-    if info.has(rocemu_wire::opcode::hdr::IETH) {
-        if let WrOpcode::SendWithInv { invalidate_rkey } = w.wr.opcode {
-            ext.ieth = Some(RKey(invalidate_rkey));
-        }
-    }
+    let mut ext = request_headers(&w.wr, opcode.info(), w.len, offset);
     let ud_dest = if ud {
-        let d = w.wr.ud.unwrap_or(UdDest {
-            ah: AhAttr::default(),
-            remote_qpn: qp.qpn,
-            remote_qkey: QKey(0),
-        });
-        // IBTA 10.2.4.1: a Q_Key with the high bit set in the WR means "use the QP's".
-        let qkey = if d.remote_qkey.is_controlled() {
-            qp.attr.qkey
-        } else {
-            d.remote_qkey
-        };
-        ext.deth = Some(DethRepr {
-            qkey,
-            src_qpn: qp.qpn,
-            resv: 0,
-        });
-        bth.dqpn = d.remote_qpn;
-        match dev.resolve(&d.ah) {
-            Some(m) => Some((d.ah, m)),
+        match ud_headers(dev, qp, &w.wr, &mut bth, &mut ext) {
+            Some(d) => Some(d),
             None => {
                 fail_wqe_local(dev, qp, idx, WcStatus::LocQpOpErr);
                 return None;
@@ -356,7 +282,112 @@ fn emit_packet(
             return None;
         }
     };
-    // Advance.
+    advance(dev, qp, idx, now, k, is_read, last);
+    Some(len)
+}
+
+/// The extension headers of a request packet `offset` bytes into its message of `len` bytes:
+/// the RETH, AtomicETH, immediate and IETH its opcode carries.
+#[inline]
+fn request_headers(wr: &SendWr, info: &OpcodeInfo, len: u64, offset: u64) -> ExtHeaders {
+    let mut ext = ExtHeaders::default();
+    match wr.opcode {
+        WrOpcode::RdmaWrite { remote_addr, rkey }
+        | WrOpcode::RdmaWriteWithImm {
+            remote_addr, rkey, ..
+        } if info.has(rocemu_wire::opcode::hdr::RETH) => {
+            ext.reth = Some(RethRepr {
+                va: remote_addr,
+                rkey: RKey(rkey),
+                dma_len: len as u32,
+            });
+        }
+        WrOpcode::RdmaRead { remote_addr, rkey } => {
+            // Resuming mid-read (go-back-N, IBTA 9.7.5.2.4): ask for the rest only.
+            ext.reth = Some(RethRepr {
+                va: remote_addr.wrapping_add(offset),
+                rkey: RKey(rkey),
+                dma_len: (len - offset.min(len)) as u32,
+            });
+        }
+        WrOpcode::AtomicCmpSwap {
+            remote_addr,
+            rkey,
+            compare,
+            swap,
+        } => {
+            ext.atomic = Some(AtomicEthRepr {
+                va: remote_addr,
+                rkey: RKey(rkey),
+                swap_add: swap,
+                compare,
+            });
+        }
+        WrOpcode::AtomicFetchAdd {
+            remote_addr,
+            rkey,
+            add,
+        } => {
+            ext.atomic = Some(AtomicEthRepr {
+                va: remote_addr,
+                rkey: RKey(rkey),
+                swap_add: add,
+                compare: 0,
+            });
+        }
+        _ => {}
+    }
+    if info.has(rocemu_wire::opcode::hdr::IMM) {
+        if let WrOpcode::SendWithImm { imm } | WrOpcode::RdmaWriteWithImm { imm, .. } = wr.opcode {
+            ext.imm = Some(imm);
+        }
+    }
+    if info.has(rocemu_wire::opcode::hdr::IETH) {
+        if let WrOpcode::SendWithInv { invalidate_rkey } = wr.opcode {
+            ext.ieth = Some(RKey(invalidate_rkey));
+        }
+    }
+    ext
+}
+
+/// A UD request's DETH and destination QP, from its work request (IBTA 10.2.4.1), and the
+/// address vector and MAC it goes to: `None` when no MAC is known for the destination.
+#[inline]
+fn ud_headers(
+    dev: &Dev,
+    qp: &Qp,
+    wr: &SendWr,
+    bth: &mut BthRepr,
+    ext: &mut ExtHeaders,
+) -> Option<(AhAttr, Mac)> {
+    let d = wr.ud.unwrap_or(UdDest {
+        ah: AhAttr::default(),
+        remote_qpn: qp.qpn,
+        remote_qkey: QKey(0),
+    });
+    // IBTA 10.2.4.1: a Q_Key with the high bit set in the WR means "use the QP's".
+    let qkey = if d.remote_qkey.is_controlled() {
+        qp.attr.qkey
+    } else {
+        d.remote_qkey
+    };
+    ext.deth = Some(DethRepr {
+        qkey,
+        src_qpn: qp.qpn,
+        resv: 0,
+    });
+    bth.dqpn = d.remote_qpn;
+    dev.resolve(&d.ah).map(|m| (d.ah, m))
+}
+
+/// After packet `k` of the WQE at `idx` left (the packet at `qp.req_psn`): the next PSN (a read
+/// asks for all its rest at once), the retransmit count, and once the message is out (a read,
+/// or the `last` packet) the send queue cursor, the reads and atomics outstanding, UC and UD
+/// completions; and the retransmit timer.
+#[inline]
+fn advance(dev: &mut Dev, qp: &mut Qp, idx: usize, now: Nanos, k: u32, is_read: bool, last: bool) {
+    let psn = qp.req_psn;
+    let n = qp.sq[idx].npkts;
     if qp.req_psn.is_before(qp.psn_high()) {
         dev.counters.retransmits += 1;
     }
@@ -379,11 +410,10 @@ fn emit_packet(
                 }
             }
             // UC and UD complete as soon as the last packet left (IBTA 9.8.4, 9.8.2).
-            _ => super::requester::complete_front(dev, qp),
+            _ => complete_front(dev, qp),
         }
     }
     if qp.qp_type == QpType::Rc && qp.ack_deadline.is_none() {
         qp.ack_deadline = qp.ack_timeout().map(|t| now + t);
     }
-    Some(len)
 }

@@ -1,0 +1,251 @@
+//! The verbs that make and unmake objects — protection domains, memory regions, queue pairs
+//! (QP1 among them) — the QP table's lookup by QPN, and the queries on a QP.
+//!
+//! Invariants: a QP is found through its QPN only when the QP in the slot carries that very QPN
+//! (a destroyed QP's QPN reaches nothing, [`super::qpn`]); at most `max_qp` QPs live at once and
+//! one QP1; an MR's access flags obey IBTA 10.6.3.1 (remote write or atomic needs local write).
+use super::mr::MrInfo;
+use super::qp::Qp;
+use super::verbs::*;
+use super::Rnic;
+use rocemu_wire::Qpn;
+
+impl Rnic {
+    /// `ibv_alloc_pd`.
+    pub fn alloc_pd(&mut self) -> PdId {
+        self.dev.mem.alloc_pd()
+    }
+
+    /// `ibv_reg_mr` of `length` zeroed bytes owned by the RNIC, at a virtual address it picks.
+    pub fn reg_mr(
+        &mut self,
+        pd: PdId,
+        length: usize,
+        access: Access,
+    ) -> Result<MrInfo, VerbsError> {
+        let addr = 0x7f00_0000_0000u64 + (self.dev.rng.below(1 << 28) << 12);
+        self.reg_mr_at(pd, addr, length, access)
+    }
+
+    /// `ibv_reg_mr` at a virtual address the caller picks.
+    pub fn reg_mr_at(
+        &mut self,
+        pd: PdId,
+        addr: u64,
+        length: usize,
+        access: Access,
+    ) -> Result<MrInfo, VerbsError> {
+        if !self.dev.mem.pd_valid(pd) {
+            return Err(VerbsError::NotFound("protection domain"));
+        }
+        if length as u64 > self.attr.max_mr_size {
+            return invalid(format!("MR of {length} bytes exceeds max_mr_size"));
+        }
+        if addr.checked_add(length as u64).is_none() {
+            return invalid("MR wraps the address space");
+        }
+        // IBTA 10.6.3.1: remote write or atomic access needs local write.
+        if (access.contains(Access::REMOTE_WRITE) || access.contains(Access::REMOTE_ATOMIC))
+            && !access.contains(Access::LOCAL_WRITE)
+        {
+            return invalid("REMOTE_WRITE and REMOTE_ATOMIC require LOCAL_WRITE");
+        }
+        if access.0 & !Access::ALL.0 != 0 {
+            return invalid(format!("unknown access flags 0x{:x}", access.0));
+        }
+        Ok(self
+            .dev
+            .mem
+            .register(&mut self.dev.rng, pd, addr, length as u64, access))
+    }
+
+    /// `ibv_dereg_mr`.
+    pub fn dereg_mr(&mut self, lkey: u32) -> Result<(), VerbsError> {
+        self.dev
+            .mem
+            .deregister(lkey)
+            .map(|_| ())
+            .ok_or(VerbsError::NotFound("memory region"))
+    }
+
+    /// The bytes of a region, for the application.
+    pub fn mr_bytes(&self, lkey: u32) -> Option<&[u8]> {
+        self.dev.mem.by_lkey(lkey).map(|m| &m.data[..])
+    }
+    pub fn mr_bytes_mut(&mut self, lkey: u32) -> Option<&mut [u8]> {
+        self.dev.mem.by_lkey_mut(lkey).map(|m| &mut m.data[..])
+    }
+
+    /// `ibv_create_qp`. The QPN looks random (never 0 or 1, which are reserved); see the `rnic::qpn` module.
+    pub fn create_qp(&mut self, pd: PdId, init: QpInitAttr) -> Result<Qpn, VerbsError> {
+        self.check_qp_init(pd, &init)?;
+        self.insert_qp(pd, &init, None)
+    }
+
+    /// Puts a new QP in a slot (a free one, or a new one) with the slot's next QPN, or `fixed`.
+    fn insert_qp(
+        &mut self,
+        pd: PdId,
+        init: &QpInitAttr,
+        fixed: Option<Qpn>,
+    ) -> Result<Qpn, VerbsError> {
+        let (slot, qpn) = self
+            .slots
+            .alloc(&self.qpn_map, fixed)
+            .ok_or(VerbsError::NoSpace("max_qp reached"))?;
+        if self.qps.len() < self.slots.len() {
+            self.qps.resize_with(self.slots.len(), || None);
+        }
+        debug_assert!(self.qps[slot].is_none());
+        self.qps[slot] = Some(Qp::new(qpn, pd, init));
+        self.live_qps += 1;
+        if fixed == Some(Qpn::GSI) {
+            self.gsi = Some(slot);
+        }
+        Ok(qpn)
+    }
+
+    /// QP1 to RTS as the kernel brings up its GSI QP: INIT with the well-known Q_Key
+    /// ([`QKey::GSI`](rocemu_wire::QKey::GSI)) on port 1, then RTR and RTS.
+    pub fn ready_gsi_qp(&mut self, qpn: Qpn) -> Result<(), VerbsError> {
+        let mut a = QpAttr {
+            qp_state: QpState::Init,
+            qkey: rocemu_wire::QKey::GSI,
+            port_num: 1,
+            ..Default::default()
+        };
+        use QpAttrMask as M;
+        self.modify_qp(qpn, &a, M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY)?;
+        a.qp_state = QpState::Rtr;
+        self.modify_qp(qpn, &a, M::STATE)?;
+        a.qp_state = QpState::Rts;
+        self.modify_qp(qpn, &a, M::STATE | M::SQ_PSN)
+    }
+
+    /// QP1, the general services interface (IBTA 13.5.1): a UD QP where management datagrams
+    /// arrive (the IB CM's, for `rdma_cm`). Its Q_Key is the well-known 0x80010000, set as any UD
+    /// QP's at INIT. One per device.
+    pub fn create_gsi_qp(&mut self, pd: PdId, init: QpInitAttr) -> Result<Qpn, VerbsError> {
+        if init.qp_type != QpType::Ud {
+            return invalid("QP1 is a UD QP");
+        }
+        if self
+            .gsi
+            .is_some_and(|s| matches!(self.qps.get(s), Some(Some(_))))
+        {
+            return Err(VerbsError::NoSpace("QP1 exists already"));
+        }
+        self.check_qp_init(pd, &init)?;
+        self.insert_qp(pd, &init, Some(Qpn::GSI))
+    }
+
+    fn check_qp_init(&self, pd: PdId, init: &QpInitAttr) -> Result<(), VerbsError> {
+        if !self.dev.mem.pd_valid(pd) {
+            return Err(VerbsError::NotFound("protection domain"));
+        }
+        for cq in [init.send_cq, init.recv_cq] {
+            if !matches!(self.dev.cqs.get(cq.0 as usize), Some(Some(_))) {
+                return Err(VerbsError::NotFound("completion queue"));
+            }
+        }
+        if init.srq.is_some() {
+            return invalid("shared receive queues are not supported (max_srq = 0)");
+        }
+        let c = init.cap;
+        if c.max_send_wr > self.attr.max_qp_wr || c.max_recv_wr > self.attr.max_qp_wr {
+            return invalid(format!(
+                "queue depth above max_qp_wr {}",
+                self.attr.max_qp_wr
+            ));
+        }
+        if c.max_send_sge > self.attr.max_sge || c.max_recv_sge > self.attr.max_sge {
+            return invalid(format!("SGE count above max_sge {}", self.attr.max_sge));
+        }
+        if self.live_qps >= self.attr.max_qp as usize {
+            return Err(VerbsError::NoSpace("max_qp reached"));
+        }
+        Ok(())
+    }
+
+    pub(super) fn slot_of(&self, qpn: Qpn) -> Option<usize> {
+        if qpn == Qpn::GSI {
+            return self
+                .gsi
+                .filter(|&s| matches!(self.qps.get(s), Some(Some(q)) if q.qpn == qpn));
+        }
+        let (last, s) = self.last_slot.get();
+        if last == qpn && matches!(self.qps.get(s), Some(Some(q)) if q.qpn == qpn) {
+            return Some(s);
+        }
+        // The QP in the slot must carry this very QPN: a destroyed QP's QPN names its slot
+        // still, where another generation may live now.
+        let s = self.qpn_map.slot(qpn);
+        match self.qps.get(s) {
+            Some(Some(q)) if q.qpn == qpn => {
+                self.last_slot.set((qpn, s));
+                Some(s)
+            }
+            _ => None,
+        }
+    }
+
+    pub(super) fn slot(&self, qpn: Qpn) -> Result<usize, VerbsError> {
+        self.slot_of(qpn).ok_or(VerbsError::NotFound("queue pair"))
+    }
+
+    fn qp(&self, qpn: Qpn) -> Result<&Qp, VerbsError> {
+        let s = self.slot(qpn)?;
+        self.qps[s]
+            .as_ref()
+            .ok_or(VerbsError::NotFound("queue pair"))
+    }
+
+    /// `ibv_destroy_qp`.
+    pub fn destroy_qp(&mut self, qpn: Qpn) -> Result<(), VerbsError> {
+        let s = self.slot(qpn)?;
+        if let Some(qp) = self.qps[s].take() {
+            self.forget_timers_of(&qp);
+        }
+        if self.gsi == Some(s) {
+            self.gsi = None;
+        }
+        self.slots.release(s);
+        self.live_qps -= 1;
+        Ok(())
+    }
+
+    /// `ibv_query_qp`: state and attributes.
+    pub fn query_qp(&self, qpn: Qpn) -> Result<QpAttr, VerbsError> {
+        let qp = self.qp(qpn)?;
+        let mut a = qp.attr;
+        a.qp_state = qp.state;
+        a.cur_qp_state = qp.state;
+        Ok(a)
+    }
+
+    /// A one-line description of a QP's transport state, for failure messages.
+    pub fn debug_qp(&self, qpn: Qpn) -> String {
+        match self.qp(qpn) {
+            Ok(q) => format!(
+                "qp {} {:?} sq={} sq_next={} req_psn={} acked={} high={} cwnd={} retry={} rnr={} ack_dl={:?} rnr_dl={:?} rd_out={} epsn={} resp_out={} sched={} front={:?}",
+                q.qpn, q.state, q.sq.len(), q.sq_next, q.req_psn, q.acked_psn, q.psn_high(), q.cwnd, q.retry_left, q.rnr_left,
+                q.ack_deadline, q.rnr_deadline, q.rd_outstanding, q.epsn, q.resp_out.len(), q.scheduled,
+                q.sq.front().map(|w| (w.first_psn.value(), w.npkts, w.started, w.done, w.resp_pkts))
+            ),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    /// How many responses (ACKs, NAKs, read and atomic responses) a QP has queued for the wire.
+    pub fn queued_responses(&self, qpn: Qpn) -> Result<usize, VerbsError> {
+        Ok(self.qp(qpn)?.resp_out.len())
+    }
+
+    pub fn qp_type(&self, qpn: Qpn) -> Result<QpType, VerbsError> {
+        Ok(self.qp(qpn)?.qp_type)
+    }
+
+    pub fn qp_state(&self, qpn: Qpn) -> Result<QpState, VerbsError> {
+        Ok(self.qp(qpn)?.state)
+    }
+}

@@ -1,0 +1,155 @@
+//! The UC responder (IBTA 9.8.3): no ACKs, no NAKs, no retries.
+//!
+//! Invariants: nothing is ever sent back; a message cut by a PSN gap or an opcode out of
+//! sequence is dropped and its receive WQE goes back to the head of the queue ([`abandon_uc`]),
+//! for the next message; one that does not fit its receive buffer, or finds the buffer's region
+//! gone, completes the receive in error (LOC_LEN_ERR, LOC_PROT_ERR).
+use super::{
+    in_sequence, length_ok, recv_wc, write_check_len, write_cursor, write_done, write_fits,
+};
+use crate::rnic::qp::{Qp, RespMsg};
+use crate::rnic::verbs::*;
+use crate::rnic::{Dev, Packet};
+use rocemu_wire::opcode::Operation;
+
+pub(super) fn uc_receive(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
+    if !matches!(
+        qp.state,
+        QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
+    ) {
+        dev.counters.rx_dropped += 1;
+        return;
+    }
+    let psn = pkt.bth.psn;
+    let info = pkt.bth.opcode.info();
+    if psn != qp.epsn {
+        // IBTA 9.8.3.1: a PSN gap loses the message in progress; the receive WQE is reused.
+        dev.counters.seq_errors += 1;
+        abandon_uc(qp);
+        qp.resp_msg = RespMsg::Drop;
+    }
+    qp.epsn = psn.next();
+    if matches!(qp.resp_msg, RespMsg::Drop) {
+        if info.position.is_first() {
+            qp.resp_msg = RespMsg::Idle;
+        } else {
+            return;
+        }
+    }
+    let seq_ok = in_sequence(&qp.resp_msg, info);
+    let mtu = qp.mtu();
+    let plen = pkt.payload.len() as u64;
+    if !seq_ok || !length_ok(info, plen, mtu) {
+        abandon_uc(qp);
+        qp.resp_msg = if info.position.is_last() {
+            RespMsg::Idle
+        } else {
+            RespMsg::Drop
+        };
+        return;
+    }
+    match info.operation {
+        Operation::Send => {
+            let (wqe, offset) = match std::mem::replace(&mut qp.resp_msg, RespMsg::Idle) {
+                RespMsg::Send { wqe, offset } => (wqe, offset),
+                _ => match qp.rq.pop_front() {
+                    Some(w) => (w, 0),
+                    None => {
+                        // No receive: the message is dropped silently (UC has no RNR).
+                        dev.counters.rx_dropped += 1;
+                        qp.resp_msg = if info.position.is_last() {
+                            RespMsg::Idle
+                        } else {
+                            RespMsg::Drop
+                        };
+                        return;
+                    }
+                },
+            };
+            // Too long or a bad buffer (its region may have been deregistered since it was
+            // posted): the receive completes in error (IBTA 9.8.3.2), LOC_LEN_ERR or
+            // LOC_PROT_ERR.
+            let landed = if wqe.len < offset + plen {
+                Err(WcStatus::LocLenErr)
+            } else {
+                dev.mem
+                    .check_sges(qp.pd, &wqe.sg_list, true)
+                    .and_then(|_| dev.mem.scatter(qp.pd, &wqe.sg_list, offset, pkt.payload))
+                    .map_err(|f| f.status())
+            };
+            if let Err(status) = landed {
+                let wc = recv_wc(qp, &wqe, status, 0);
+                dev.push_wc(qp.recv_cq, wc);
+                qp.resp_msg = if info.position.is_last() {
+                    RespMsg::Idle
+                } else {
+                    RespMsg::Drop
+                };
+                return;
+            }
+            let offset = offset + plen;
+            if info.position.is_last() {
+                let mut wc = recv_wc(qp, &wqe, WcStatus::Success, offset as u32);
+                if let Some(imm) = pkt.ext.imm {
+                    wc.imm_data = imm;
+                    wc.wc_flags = WcFlags::WITH_IMM;
+                }
+                dev.push_wc(qp.recv_cq, wc);
+            } else {
+                qp.resp_msg = RespMsg::Send { wqe, offset };
+            }
+        }
+        Operation::RdmaWrite => {
+            let Some((rkey, va, remaining, total)) = write_cursor(&qp.resp_msg, pkt) else {
+                return;
+            };
+            let fits = write_fits(info, plen, remaining);
+            let check_len = write_check_len(info, plen, total);
+            let target = if check_len > 0 && qp.attr.qp_access_flags.contains(Access::REMOTE_WRITE)
+            {
+                dev.mem
+                    .check_remote(qp.pd, rkey, va, check_len, Access::REMOTE_WRITE)
+                    .ok()
+            } else if check_len == 0 {
+                Some((usize::MAX, 0))
+            } else {
+                None
+            };
+            let (Some((mr, off)), true) = (target, fits) else {
+                // UC errors drop the message silently (IBTA 9.8.3.2).
+                dev.counters.rx_dropped += 1;
+                qp.resp_msg = if info.position.is_last() {
+                    RespMsg::Idle
+                } else {
+                    RespMsg::Drop
+                };
+                return;
+            };
+            let mut recv = None;
+            if info.has_immediate() {
+                match qp.rq.pop_front() {
+                    Some(w) => recv = Some(w),
+                    None => {
+                        dev.counters.rx_dropped += 1;
+                        qp.resp_msg = RespMsg::Idle;
+                        return;
+                    }
+                }
+            }
+            if plen > 0 {
+                if let Some(Some(m)) = dev.mem.mrs.get_mut(mr) {
+                    m.data[off..off + plen as usize].copy_from_slice(pkt.payload);
+                }
+            }
+            write_done(dev, qp, pkt, recv, (rkey, va, plen, remaining, total));
+        }
+        _ => {}
+    }
+}
+
+/// A UC message in progress is lost: its receive WQE goes back to the head of the queue.
+fn abandon_uc(qp: &mut Qp) {
+    if let RespMsg::Send { wqe, .. } = std::mem::replace(&mut qp.resp_msg, RespMsg::Idle) {
+        qp.rq.push_front(wqe);
+    }
+}
