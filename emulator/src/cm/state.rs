@@ -1,0 +1,199 @@
+//! The CM's vocabulary and its bookkeeping: connection states and events, what a connection
+//! says about itself, the counters, and the per-connection record with the timer and backlog
+//! book kept beside it. Invariant: a connection's state and deadline change only through
+//! [`Book`], so that `Book::timers` holds exactly the deadlines set and `Book::half_open`
+//! counts exactly the passive connections not yet established.
+use crate::time::Nanos;
+use rocemu_wire::cm::{CmMadRepr, CommId, RejReason, ReqRepr};
+use rocemu_wire::mad::Tid;
+use rocemu_wire::{Psn, Qpn};
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+
+/// A connection's state (IBTA 12.9.6, the parts a RoCE endpoint walks through).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CmState {
+    /// Active side: REQ sent, waiting for REP or REJ.
+    ReqSent,
+    /// Passive side: REQ received and reported, waiting for the application.
+    ReqRcvd,
+    /// Passive side: REP sent, waiting for RTU.
+    RepSent,
+    Established,
+    DreqSent,
+    /// Closed; kept until the peer's retransmissions have died down.
+    TimeWait,
+}
+
+/// What the agent reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CmEvent {
+    /// A REQ for a service we listen on: answer with [`CmAgent::accept`] or [`CmAgent::reject`].
+    ConnectRequest {
+        id: CommId,
+        from: IpAddr,
+        req: Box<ReqRepr>,
+    },
+    /// Active side: the REP came (RTU sent); the QP may go to RTR/RTS with these values.
+    /// Passive side: the RTU came; the QP may go to RTS.
+    Established {
+        id: CommId,
+        remote_qpn: Qpn,
+        remote_psn: Psn,
+        /// Active side: the REP's responder resources and initiator depth, the reads/atomics
+        /// the passive side accepts and keeps in flight (this end's `max_rd_atomic` is at most
+        /// the first). Passive side: None (it chose its own in [`CmAgent::accept`]).
+        rep_rd_atomic: Option<(u8, u8)>,
+    },
+    Rejected {
+        id: CommId,
+        reason: RejReason,
+    },
+    /// The peer sent DREQ (answered) or DREP.
+    Disconnected {
+        id: CommId,
+    },
+    /// An expected answer never came.
+    Timeout {
+        id: CommId,
+    },
+}
+
+/// What a connection needs to say about itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnParams {
+    pub qpn: Qpn,
+    /// The Starting PSN this end announces: the PSN it expects to receive first, which the peer
+    /// sends from (how Linux fills REQ and REP; `wire/tests/data/cm/rping.pcap`).
+    pub psn: Psn,
+    /// `enum ibv_mtu` (1 = 256 … 5 = 4096).
+    pub path_mtu: u8,
+    pub responder_resources: u8,
+    pub initiator_depth: u8,
+    pub retry_count: u8,
+    pub rnr_retry_count: u8,
+    /// rdma_cm's REQ private data (its 36-byte header, then the application's).
+    pub private_data: [u8; 92],
+    /// The primary path's flow label in a REQ: rdma_cm's is
+    /// [`rocemu_wire::cm::rdma_cm_flow_label`] of the two ports, and both ends derive the
+    /// connection's UDP source port from it.
+    pub flow_label: u32,
+}
+
+impl Default for ConnParams {
+    fn default() -> Self {
+        ConnParams {
+            qpn: Qpn::new(0),
+            psn: Psn::new(0),
+            path_mtu: 3,
+            responder_resources: 1,
+            initiator_depth: 1,
+            retry_count: 7,
+            rnr_retry_count: 7,
+            private_data: [0; 92],
+            flow_label: 0,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub(super) struct Conn {
+    pub(super) state: CmState,
+    pub(super) remote_comm_id: CommId,
+    pub(super) peer: IpAddr,
+    pub(super) tid: Tid,
+    pub(super) local_qpn: Qpn,
+    pub(super) remote_qpn: Qpn,
+    pub(super) remote_psn: Psn,
+    /// The last message that expects an answer, for retransmission.
+    pub(super) pending: Option<CmMadRepr>,
+    pub(super) retries_left: u8,
+    /// When the timer fires: a retransmission (REQ, REP, DREQ), the end of a half-open
+    /// connection's age (`ReqRcvd`), or the end of time-wait. Mirrored in `Book::timers`.
+    pub(super) deadline: Option<Nanos>,
+    /// The last answer we gave (REP, RTU, DREP), sent again when the peer repeats itself.
+    pub(super) last_answer: Option<CmMadRepr>,
+}
+
+impl CmState {
+    /// Passive side, not yet established: what the listen backlog bounds.
+    pub(super) fn is_half_open(self) -> bool {
+        matches!(self, CmState::ReqRcvd | CmState::RepSent)
+    }
+}
+
+/// What the agent counts: what a flood or a forger costs, and what was thrown away.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CmCounters {
+    /// REQs received, repeats not included (those refused too).
+    pub reqs_received: u64,
+    /// Retransmitted REQs of a connection we have (answered again or ignored).
+    pub reqs_duplicate: u64,
+    /// REQs refused (REJ consumer-defined) because [`CmAgent::max_half_open`] were pending.
+    pub reqs_rejected_backlog: u64,
+    /// REQs for a service nobody listens on (REJ invalid service ID).
+    pub reqs_no_listener: u64,
+    /// Half-open connections forgotten: a REQ the application never answered within
+    /// [`CmAgent::half_open_timeout`].
+    pub half_open_expired: u64,
+    /// Connections whose peer stopped answering our REQ, REP or DREQ.
+    pub timeouts: u64,
+    /// Connections forgotten at the end of time-wait.
+    pub time_wait_reaped: u64,
+    /// MADs that did not parse as CM MADs.
+    pub malformed: u64,
+    /// REP, RTU, REJ, DREP (and DREQ, answered anyway) naming a connection we do not have, or
+    /// one whose remote comm id or state does not fit.
+    pub unknown_connection: u64,
+}
+
+/// The bookkeeping kept beside the connections: the timers, ordered by (deadline, comm id) so
+/// that what falls due at one instant is handled in one order on every run, and the number of
+/// half-open connections.
+#[derive(Debug, Default)]
+pub(super) struct Book {
+    pub(super) timers: BTreeSet<(Nanos, u32)>,
+    pub(super) half_open: usize,
+}
+
+impl Book {
+    pub(super) fn set_state(&mut self, c: &mut Conn, s: CmState) {
+        if c.state.is_half_open() {
+            self.half_open -= 1;
+        }
+        if s.is_half_open() {
+            self.half_open += 1;
+        }
+        c.state = s;
+    }
+
+    pub(super) fn set_deadline(&mut self, id: u32, c: &mut Conn, d: Option<Nanos>) {
+        if let Some(old) = c.deadline {
+            self.timers.remove(&(old, id));
+        }
+        if let Some(new) = d {
+            self.timers.insert((new, id));
+        }
+        c.deadline = d;
+    }
+
+    /// Closed: nothing left to retransmit; forgotten at `until`.
+    pub(super) fn time_wait(&mut self, id: u32, c: &mut Conn, until: Nanos) {
+        self.set_state(c, CmState::TimeWait);
+        c.pending = None;
+        self.set_deadline(id, c, Some(until));
+    }
+}
+
+impl CmEvent {
+    /// The connection the event is about.
+    pub fn id(&self) -> CommId {
+        match self {
+            CmEvent::ConnectRequest { id, .. }
+            | CmEvent::Established { id, .. }
+            | CmEvent::Rejected { id, .. }
+            | CmEvent::Disconnected { id }
+            | CmEvent::Timeout { id } => *id,
+        }
+    }
+}
