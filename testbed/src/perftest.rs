@@ -110,7 +110,7 @@ pub(crate) struct BwRun {
     pub peak_mbps: f64,
 }
 
-fn work_request(p: &BwPlan, q: &BwQp, i: u64) -> SendWr {
+pub(crate) fn work_request(p: &BwPlan, q: &BwQp, i: u64) -> SendWr {
     let (remote_addr, rkey) = (q.remote_addr, q.rkey);
     let op = match p.test {
         Test::Write => WrOpcode::RdmaWrite { remote_addr, rkey },
