@@ -2,7 +2,8 @@
 //! two RoCEmu RNICs in one process on one engine thread (the in-process datapath), with the
 //! copy-and-CRC "limit" measured just before, so that figures are ratios taken in one run.
 use crate::perftest::{
-    self, BwPlan, BwQp, End, PingOp, PingPong, ReadBack, RunShape, Transport, Turn, WR_QP_SHIFT,
+    self, BwPlan, BwQp, End, PingOp, PingPong, ReadBack, Receiver, RunShape, RxQp, Transport, Turn,
+    WR_QP_SHIFT,
 };
 use rocemu_emulator::port::wire::{Impairments, Link};
 use rocemu_emulator::rnic::mr::MrInfo;
@@ -451,104 +452,70 @@ impl End for InProcess<'_> {
     }
 }
 
-/// One QP's receive ring on B in a SEND test.
-struct RxQp {
-    qb: Qpn,
-    /// The ring's address, and its byte offset in B's MR.
-    addr: u64,
-    off: usize,
-    index: usize,
-    posted: u64,
-    done: u64,
-}
-
-/// B's loop in a SEND test: keeps receives posted (up to the ring depth, cycling over
-/// [`RX_BUFS`] buffers) and, with `--verify`, checks every message as it completes.
+/// B's loop in a SEND test: receives kept posted (up to the ring depth, cycling over
+/// [`RX_BUFS`] buffers per QP so that the receive side works in cache as perftest's does) and,
+/// with `--verify`, every message checked as it completes.
 struct SendReceiver {
-    cq: CqId,
-    lkey: u32,
-    ring: u64,
-    msg: usize,
-    size: usize,
+    rx: Receiver,
     verify: bool,
-    qps: Vec<RxQp>,
+    size: usize,
+    /// Each QP's region.
+    index: Vec<usize>,
     /// The pattern each region's messages carry.
     expect: Vec<Vec<u8>>,
     /// Messages that arrived wrong.
     bad: u64,
-    wcs: Vec<Wc>,
 }
 
 impl SendReceiver {
     fn new(o: &Opts, conns: &[Conn]) -> SendReceiver {
         let msg = o.size.max(8);
         let regions = conns.iter().map(|c| c.index).max().unwrap_or(0) + 1;
+        let qps = conns
+            .iter()
+            .map(|c| RxQp {
+                qpn: c.qb,
+                addr: c.mrb.addr + (msg + 64) as u64,
+                off: c.offb + msg + 64,
+                posted: 0,
+                done: 0,
+            })
+            .collect();
+        let ring = RX_DEPTH.min(o.tx_depth * 2).max(1) as u64;
+        let (cq, lkey) = (conns[0].cqb, conns[0].mrb.lkey);
         SendReceiver {
-            cq: conns[0].cqb,
-            lkey: conns[0].mrb.lkey,
-            ring: RX_DEPTH.min(o.tx_depth * 2).max(1) as u64,
-            msg,
-            size: o.size,
+            rx: Receiver::new(cq, lkey, ring, None, msg as u32, RX_BUFS as u64, qps),
             verify: o.verify,
-            qps: conns
-                .iter()
-                .map(|c| RxQp {
-                    qb: c.qb,
-                    addr: c.mrb.addr + (msg + 64) as u64,
-                    off: c.offb + msg + 64,
-                    index: c.index,
-                    posted: 0,
-                    done: 0,
-                })
-                .collect(),
+            size: o.size,
+            index: conns.iter().map(|c| c.index).collect(),
             expect: (0..regions)
                 .map(|q| pattern(1000 + q as u64, msg))
                 .collect(),
             bad: 0,
-            wcs: Vec::with_capacity(4096),
         }
     }
 
+    #[inline]
     fn turn(&mut self, b: &mut Rnic) -> Result<(), String> {
-        self.wcs.clear();
-        crate::poll_wcs(b, self.cq, 1 << 16, &mut self.wcs)?;
-        if !self.wcs.is_empty() {
-            let mem = b.mr_bytes(self.lkey).unwrap();
-            for w in &self.wcs {
-                let Some(q) = self.qps.get_mut((w.wr_id >> WR_QP_SHIFT) as usize) else {
-                    continue;
-                };
-                q.done += 1;
-                if self.verify {
-                    let slot = ((w.wr_id & ((1 << WR_QP_SHIFT) - 1)) % RX_BUFS as u64) as usize;
-                    let off = q.off + slot * self.msg;
-                    if w.status != WcStatus::Success
-                        || w.byte_len as usize != self.size
-                        || mem[off..off + self.size] != self.expect[q.index][..self.size]
-                    {
-                        self.bad += 1;
-                    }
-                }
+        let SendReceiver {
+            rx,
+            verify,
+            size,
+            index,
+            expect,
+            bad,
+        } = self;
+        let (verify, size) = (*verify, *size);
+        rx.turn(b, 1 << 16, |w, qi, off, mem| {
+            if verify
+                && (w.status != WcStatus::Success
+                    || w.byte_len as usize != size
+                    || mem[off..off + size] != expect[index[qi]][..size])
+            {
+                *bad += 1;
             }
-        }
-        for (pos, q) in self.qps.iter_mut().enumerate() {
-            while q.posted - q.done < self.ring {
-                let slot = (q.posted % RX_BUFS as u64) as usize;
-                let sge = Sge {
-                    addr: q.addr + (slot * self.msg) as u64,
-                    length: self.msg as u32,
-                    lkey: self.lkey,
-                };
-                let w = RecvWr {
-                    wr_id: (pos as u64) << WR_QP_SHIFT | q.posted,
-                    sg_list: vec![sge],
-                };
-                if b.post_recv(q.qb, w).is_err() {
-                    break;
-                }
-                q.posted += 1;
-            }
-        }
+            Ok(())
+        })?;
         Ok(())
     }
 }
@@ -644,7 +611,7 @@ fn verify(
                 problems.push(format!("{} received messages differ", rx.bad));
             }
             let sent: u64 = qps.iter().map(|q| q.done).sum();
-            let recvd: u64 = rx.qps.iter().map(|q| q.done).sum();
+            let recvd: u64 = rx.rx.qps.iter().map(|q| q.done).sum();
             if sent != recvd {
                 problems.push(format!("{sent} sent, {recvd} received"));
             }

@@ -427,6 +427,122 @@ pub(crate) fn one_at_a_time<E: End>(
     Ok((lat, errors, first))
 }
 
+/// One QP's receives in a SEND test.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RxQp {
+    pub qpn: Qpn,
+    /// The first receive buffer, and its byte offset in the MR.
+    pub addr: u64,
+    pub off: usize,
+    pub posted: u64,
+    pub done: u64,
+}
+
+/// A SEND test's receiving end, as a perftest server's loop: keeps `ring` receives posted per
+/// QP (never more than `cap` over the run), cycling over `slots` buffers of `len` bytes, and
+/// hands each arrived message to the caller. Receive wr_ids are `QP index << WR_QP_SHIFT |
+/// receive number`; receives posted before it starts (by [`post_receives`]) are counted in
+/// `posted`.
+#[derive(Debug)]
+pub(crate) struct Receiver {
+    pub cq: CqId,
+    pub lkey: u32,
+    pub ring: u64,
+    pub cap: Option<u64>,
+    pub len: u32,
+    pub slots: u64,
+    pub qps: Vec<RxQp>,
+    wcs: Vec<Wc>,
+}
+
+/// Posts `n` receives for QP `qi` into `buf` (a server's before the run; slot 0 of each).
+pub(crate) fn post_receives(
+    r: &mut Rnic,
+    qi: usize,
+    qpn: Qpn,
+    buf: Sge,
+    n: usize,
+) -> Result<(), String> {
+    for _ in 0..n {
+        let w = RecvWr {
+            wr_id: (qi as u64) << WR_QP_SHIFT,
+            sg_list: vec![buf],
+        };
+        r.post_recv(qpn, w).map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+impl Receiver {
+    pub fn new(
+        cq: CqId,
+        lkey: u32,
+        ring: u64,
+        cap: Option<u64>,
+        len: u32,
+        slots: u64,
+        qps: Vec<RxQp>,
+    ) -> Receiver {
+        Receiver {
+            cq,
+            lkey,
+            ring,
+            cap,
+            len,
+            slots,
+            qps,
+            wcs: Vec::with_capacity(4096),
+        }
+    }
+
+    /// Takes up to `max` arrived messages, handing each to `arrived(wc, QP index, the buffer's
+    /// byte offset in the MR, the MR)`, then tops every QP's receives up. Returns how many
+    /// arrived.
+    #[inline]
+    pub fn turn(
+        &mut self,
+        r: &mut Rnic,
+        max: usize,
+        mut arrived: impl FnMut(&Wc, usize, usize, &[u8]) -> Result<(), String>,
+    ) -> Result<usize, String> {
+        self.wcs.clear();
+        let n = crate::poll_wcs(r, self.cq, max, &mut self.wcs)?;
+        if n > 0 {
+            let mem = r.mr_bytes(self.lkey).expect("registered");
+            for w in &self.wcs {
+                let qi = (w.wr_id >> WR_QP_SHIFT) as usize;
+                let Some(q) = self.qps.get_mut(qi) else {
+                    continue;
+                };
+                q.done += 1;
+                let slot = (w.wr_id & ITER_MASK) % self.slots;
+                arrived(w, qi, q.off + (slot as usize) * self.len as usize, mem)?;
+            }
+        }
+        for (qi, q) in self.qps.iter_mut().enumerate() {
+            while q.posted - q.done < self.ring && self.cap.is_none_or(|c| q.posted < c) {
+                let slot = q.posted % self.slots;
+                let buf = Sge {
+                    addr: q.addr + slot * self.len as u64,
+                    length: self.len,
+                    lkey: self.lkey,
+                };
+                let w = RecvWr {
+                    wr_id: (qi as u64) << WR_QP_SHIFT | q.posted,
+                    sg_list: vec![buf],
+                };
+                match r.post_recv(q.qpn, w) {
+                    Ok(()) => {}
+                    Err(VerbsError::NoSpace(_)) => break,
+                    Err(e) => return Err(e.to_string()),
+                }
+                q.posted += 1;
+            }
+        }
+        Ok(n)
+    }
+}
+
 /// Which ping-pong.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum PingOp {

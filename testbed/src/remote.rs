@@ -13,7 +13,9 @@ use crate::oob::{
     PingpongDest, SysData,
 };
 use crate::perf::{measure_limit, Report};
-use crate::perftest::{self, BwPlan, BwQp, End, PingOp, PingPong, ReadBack, RunShape, Transport};
+use crate::perftest::{
+    self, BwPlan, BwQp, End, PingOp, PingPong, ReadBack, Receiver, RunShape, RxQp, Transport,
+};
 use rocemu_emulator::engine::Engine;
 use rocemu_emulator::rnic::mr::MrInfo;
 use rocemu_emulator::rnic::*;
@@ -1124,21 +1126,12 @@ pub(crate) fn post_server_recvs(
     n: usize,
 ) -> Result<(), String> {
     let q = s.qps[qi];
-    for _ in 0..n {
-        r.post_recv(
-            q.qpn,
-            RecvWr {
-                wr_id: qi as u64,
-                sg_list: vec![Sge {
-                    addr: s.mr.addr + q.off as u64,
-                    length: o.size as u32,
-                    lkey: s.mr.lkey,
-                }],
-            },
-        )
-        .map_err(verr)?;
-    }
-    Ok(())
+    let buf = Sge {
+        addr: s.mr.addr + q.off as u64,
+        length: o.size as u32,
+        lkey: s.mr.lkey,
+    };
+    perftest::post_receives(r, qi, q.qpn, buf, n)
 }
 
 /// What a perf end prints and returns.
@@ -1436,37 +1429,40 @@ pub(crate) fn client_report(o: &PerfOpts, b: &BwReport, mtu: Mtu) -> Report {
     }
 }
 
-/// A send-test server: keeps receives posted until every QP got its `iters` messages.
+/// A send-test server: keeps receives posted (the [`RX_DEPTH`] posted before the run, then one
+/// more per message until each QP has had its `iters`) until every QP got its `iters` messages.
 pub(crate) fn serve_send(ep: &mut Endpoint, o: &PerfOpts, s: &PerfSetup) -> Result<u64, String> {
     let want = o.iters * o.qps as u64;
-    let mut got = vec![0u64; o.qps];
-    let mut posted = vec![RX_DEPTH as u64; o.qps];
-    let mut wcs = Vec::new();
+    let qps = s
+        .qps
+        .iter()
+        .map(|q| RxQp {
+            qpn: q.qpn,
+            addr: s.mr.addr + q.off as u64,
+            off: q.off,
+            posted: RX_DEPTH as u64,
+            done: 0,
+        })
+        .collect();
+    let (len, ring) = (o.size as u32, RX_DEPTH as u64);
+    let mut rx = Receiver::new(s.cq, s.mr.lkey, ring, Some(o.iters), len, 1, qps);
     let mut total = 0;
     let mut last = Instant::now();
     while total < want {
-        let w = ep.engine.poll(&mut ep.rnic);
-        wcs.clear();
-        if crate::poll_wcs(&mut ep.rnic, s.cq, 64, &mut wcs)? == 0 {
-            ep.engine.idle(w);
+        let w = ep.progress();
+        let n = rx.turn(&mut ep.rnic, 64, |wc, _, _, _| match wc.status {
+            WcStatus::Success => Ok(()),
+            st => Err(format!("receive completion {st:?}")),
+        })?;
+        if n == 0 {
+            ep.idle(w);
             if last.elapsed() > Duration::from_secs(60) {
                 return Err(format!("no message for 60 s after {total} of {want}"));
             }
             continue;
         }
         last = Instant::now();
-        for wc in &wcs {
-            if wc.status != WcStatus::Success {
-                return Err(format!("receive completion {:?}", wc.status));
-            }
-            let qi = wc.wr_id as usize;
-            got[qi] += 1;
-            total += 1;
-            if posted[qi] < o.iters {
-                post_server_recvs(&mut ep.rnic, o, s, qi, 1)?;
-                posted[qi] += 1;
-            }
-        }
+        total += n as u64;
     }
     Ok(total)
 }
