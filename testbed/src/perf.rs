@@ -1,6 +1,11 @@
 //! The perf harness behind `rocemu perf`: perftest's bandwidth and latency benchmarks, run on
 //! two RoCEmu RNICs in one process on one engine thread (the in-process datapath), with the
 //! copy-and-CRC "limit" measured just before, so that figures are ratios taken in one run.
+//!
+//! The benchmarks themselves are the perftest engine's (`perftest.rs`), the same as on a
+//! datapath ([`crate::remote`]); this file is their in-process end: the two RNICs and their
+//! regions (`Bed`, `setup`), A as the engine's end whose datapath turn is `Bed::pump`, B's
+//! SEND receiver as its peer's loop, and the run's report, JSON and perftest table lines.
 use crate::perftest::{
     self, BwPlan, BwQp, End, PingOp, PingPong, ReadBack, Receiver, RunShape, RxQp, Transport, Turn,
     WR_QP_SHIFT,

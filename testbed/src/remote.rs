@@ -1,6 +1,8 @@
 //! One end of a benchmark or a pingpong on a real datapath: an [`Endpoint`] (an RNIC and the
 //! engine that binds it to a port) facing a peer process, with the out-of-band exchange of
-//! `ibv_rc_pingpong` or perftest over TCP ([`crate::oob`]).
+//! `ibv_rc_pingpong` or perftest over TCP ([`crate::oob`]). perftest's bandwidth and latency
+//! run on the perftest engine (`perftest.rs`), the [`Endpoint`] as its end; this file
+//! holds the end's set-up, the exchange around the run and its `--verify`.
 //!
 //! The engine must keep turning while the out-of-band exchange waits on TCP: the peer resolves
 //! our MAC while it moves its QPs to RTR, and a passive server's RNIC answers the client's
