@@ -779,8 +779,10 @@ fn ping_pong(bed: &mut Bed, o: &Opts, c: &Conn, iters: u64) -> Result<Vec<f64>, 
             PingPong::post_recv(&mut bed.b, c.qb, b_recv)?;
         }
     }
+    // A pump after each end's turn: what one end posted reaches the other before its turn.
     loop {
         let ta = a.turn(&mut bed.a)?;
+        bed.pump();
         let tb = b.turn(&mut bed.b)?;
         if ta == Turn::Done && tb == Turn::Done {
             return Ok(a.lat);
