@@ -5,7 +5,9 @@
 //! The benchmarks themselves are the perftest engine's (`perftest.rs`), the same as on a
 //! datapath ([`crate::remote`]); this file is their in-process end: the two RNICs and their
 //! regions (`Bed`, `setup`), A as the engine's end whose datapath turn is `Bed::pump`, B's
-//! SEND receiver as its peer's loop, and the run's report, JSON and perftest table lines.
+//! SEND receiver as its peer's loop. The report, its JSON and perftest's table lines are the
+//! engine's (`perftest/report.rs`), re-exported here.
+pub use crate::perftest::report::{bw_header, bw_line, lat_header, lat_line, Report};
 use crate::perftest::{
     self, BwPlan, BwQp, End, PingOp, PingPong, ReadBack, Receiver, RunShape, RxQp, Transport, Turn,
     WR_QP_SHIFT,
@@ -16,7 +18,6 @@ use rocemu_emulator::rnic::*;
 use rocemu_emulator::sim::{bring_up, pattern, ConnectOpts, IP_A, IP_B, MAC_A, MAC_B};
 use rocemu_emulator::time::Nanos;
 use rocemu_wire::{Psn, Qpn};
-use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
 /// Which benchmark.
@@ -88,85 +89,6 @@ pub struct Opts {
     pub seed: u64,
     /// Local ACK timeout exponent (perftest -u).
     pub qp_timeout: u8,
-}
-
-/// One run's figures (the contract's JSON keys).
-#[derive(Debug, Clone, Default)]
-pub struct Report {
-    pub test: &'static str,
-    pub size: usize,
-    pub iters: u64,
-    pub qps: usize,
-    pub mtu: usize,
-    pub seconds: f64,
-    pub bytes: u64,
-    pub messages: u64,
-    pub packets: u64,
-    pub gbps: f64,
-    pub mpps: f64,
-    pub retransmits: u64,
-    pub naks: u64,
-    pub rnr_naks: u64,
-    pub timeouts: u64,
-    pub verified: Option<bool>,
-    pub verify_detail: String,
-    pub errors: u64,
-    /// The first error completion, described.
-    pub first_error: Option<String>,
-    pub limit_gbps: f64,
-    pub bw_peak_mbps: f64,
-    /// Latencies in microseconds, sorted.
-    pub lat_us: Vec<f64>,
-}
-
-impl Report {
-    pub fn ratio_to_limit(&self) -> f64 {
-        if self.limit_gbps > 0.0 {
-            self.gbps / self.limit_gbps
-        } else {
-            0.0
-        }
-    }
-
-    pub fn to_json(&self) -> Value {
-        let mut v = json!({
-            "test": self.test,
-            "size": self.size,
-            "iters": self.iters,
-            "qps": self.qps,
-            "mtu": self.mtu,
-            "seconds": self.seconds,
-            "bytes": self.bytes,
-            "messages": self.messages,
-            "packets": self.packets,
-            "gbps": self.gbps,
-            "mpps": self.mpps,
-            "retransmits": self.retransmits,
-            "naks": self.naks,
-            "rnr_naks": self.rnr_naks,
-            "timeouts": self.timeouts,
-            "verified": self.verified,
-            "errors": self.errors,
-            "limit_gbps": self.limit_gbps,
-            "ratio_to_limit": self.ratio_to_limit(),
-        });
-        if !self.lat_us.is_empty() {
-            v["lat_us"] = json!({
-                "min": self.lat_us[0],
-                "p50": pct(&self.lat_us, 0.50),
-                "p99": pct(&self.lat_us, 0.99),
-                "p999": pct(&self.lat_us, 0.999),
-                "max": self.lat_us[self.lat_us.len() - 1],
-                "avg": self.lat_us.iter().sum::<f64>() / self.lat_us.len() as f64,
-            });
-        }
-        v
-    }
-}
-
-fn pct(sorted: &[f64], p: f64) -> f64 {
-    let i = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
-    sorted[i]
 }
 
 /// The work a byte must cost at least, per the contract: for each MTU-sized chunk of `total`
@@ -789,45 +711,4 @@ fn ping_pong(bed: &mut Bed, o: &Opts, c: &Conn, iters: u64) -> Result<Vec<f64>, 
         }
         bed.pump();
     }
-}
-
-/// perftest's bandwidth table lines.
-pub fn bw_header(gbits: bool) -> String {
-    let unit = if gbits { "Gb/sec" } else { "MB/sec" };
-    format!(" #bytes     #iterations    BW peak[{unit}]    BW average[{unit}]   MsgRate[Mpps]")
-}
-
-pub fn bw_line(r: &Report, gbits: bool) -> String {
-    let avg = r.bytes as f64 / r.seconds;
-    let (peak, avg) = if gbits {
-        (r.bw_peak_mbps * 8.0 / 1e3, avg * 8.0 / 1e9)
-    } else {
-        (r.bw_peak_mbps, avg / 1e6)
-    };
-    format!(
-        " {:<10} {:<10}       {:<16.2}   {:<16.2}     {:.6}",
-        r.size, r.iters, peak, avg, r.mpps
-    )
-}
-
-pub fn lat_header() -> String {
-    " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] ".to_string()
-}
-
-pub fn lat_line(r: &Report) -> String {
-    let l = &r.lat_us;
-    let avg = l.iter().sum::<f64>() / l.len() as f64;
-    let var = l.iter().map(|x| (x - avg) * (x - avg)).sum::<f64>() / l.len() as f64;
-    format!(
-        " {:<7} {:<10}     {:<10.2}     {:<10.2}   {:<10.2}         {:<10.2}      {:<10.2}      {:<10.2}             {:<10.2}",
-        r.size,
-        r.iters,
-        l[0],
-        l[l.len() - 1],
-        pct(l, 0.5),
-        avg,
-        var.sqrt(),
-        pct(l, 0.99),
-        pct(l, 0.999)
-    )
 }

@@ -14,12 +14,15 @@
 //!   the bandwidth loop, which is the benchmarked hot path.
 //! - What differs between the ends is said by the end: its rules ([`End::PEAK_WINDOW`],
 //!   [`End::POLL_BATCH`], [`End::STOP_AT_FIRST_ERROR`]) and its words (how an error completion
-//!   and a stall are described). The figures a run reports are built in one place
-//!   ([`bw_report`]).
-use crate::perf::{cover, signaled, Report, Test};
+//!   and a stall are described). The figures a run reports, their JSON and perftest's table
+//!   lines are built in one place ([`report`]).
+use crate::perf::{cover, signaled, Test};
 use rocemu_emulator::rnic::*;
 use rocemu_wire::Qpn;
 use std::time::{Duration, Instant};
+
+pub(crate) mod report;
+pub(crate) use report::{bw_report, lat_report, RunShape, Transport};
 
 /// wr_id of the bandwidth work requests: QP index << WR_QP_SHIFT | iteration.
 pub(crate) const WR_QP_SHIFT: u32 = 40;
@@ -240,113 +243,6 @@ pub(crate) fn bandwidth<E: End>(
     r.seconds = t0.elapsed().as_secs_f64();
     r.peak_mbps = peak.max((r.messages * p.msg_bytes) as f64 / r.seconds / 1e6);
     Ok(r)
-}
-
-/// The transport's events over a run, as an end counts them.
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct Transport {
-    pub packets: u64,
-    pub retransmits: u64,
-    pub naks: u64,
-    pub rnr_naks: u64,
-    pub timeouts: u64,
-}
-
-impl Transport {
-    /// What `c1` counted since `c0`, on one RNIC.
-    pub fn since(c0: &Counters, c1: &Counters) -> Transport {
-        Transport {
-            packets: (c1.tx_packets - c0.tx_packets) + (c1.rx_packets - c0.rx_packets),
-            retransmits: c1.retransmits - c0.retransmits,
-            naks: c1.naks_received - c0.naks_received,
-            rnr_naks: c1.rnr_naks_received - c0.rnr_naks_received,
-            timeouts: c1.local_ack_timeouts - c0.local_ack_timeouts,
-        }
-    }
-
-    /// Both RNICs' counts from their start, with `packets` frames moved between them.
-    pub fn both(packets: u64, a: &Counters, b: &Counters) -> Transport {
-        Transport {
-            packets,
-            retransmits: a.retransmits + b.retransmits,
-            naks: a.naks_received + b.naks_received,
-            rnr_naks: a.rnr_naks_received + b.rnr_naks_received,
-            timeouts: a.local_ack_timeouts + b.local_ack_timeouts,
-        }
-    }
-}
-
-/// What a run ran: the report's fixed fields.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct RunShape {
-    pub test: Test,
-    pub size: usize,
-    pub qps: usize,
-    pub mtu: usize,
-    /// The report's `iters`.
-    pub iters: u64,
-    pub limit_gbps: f64,
-}
-
-/// A bandwidth run's figures (the contract's JSON keys), `msg_bytes` per message.
-pub(crate) fn bw_report(s: &RunShape, msg_bytes: u64, run: BwRun, t: Transport) -> Report {
-    let bytes = run.messages * msg_bytes;
-    Report {
-        test: s.test.name(),
-        size: s.size,
-        iters: s.iters,
-        qps: s.qps,
-        mtu: s.mtu,
-        seconds: run.seconds,
-        bytes,
-        messages: run.messages,
-        packets: t.packets,
-        gbps: bytes as f64 * 8.0 / run.seconds / 1e9,
-        mpps: run.messages as f64 / run.seconds / 1e6,
-        retransmits: t.retransmits,
-        naks: t.naks,
-        rnr_naks: t.rnr_naks,
-        timeouts: t.timeouts,
-        verified: None,
-        verify_detail: String::new(),
-        errors: run.errors,
-        first_error: run.first_error,
-        limit_gbps: s.limit_gbps,
-        bw_peak_mbps: run.peak_mbps,
-        lat_us: Vec::new(),
-    }
-}
-
-/// A latency run's figures: `lat_us` sorted here; `messages` and `bytes` count the samples.
-pub(crate) fn lat_report(
-    s: &RunShape,
-    msg_bytes: u64,
-    seconds: f64,
-    mut lat: Vec<f64>,
-    t: Transport,
-) -> Report {
-    lat.sort_by(|a, b| a.total_cmp(b));
-    let n = lat.len() as u64;
-    Report {
-        test: s.test.name(),
-        size: s.size,
-        iters: s.iters,
-        qps: 1,
-        mtu: s.mtu,
-        seconds,
-        bytes: n * msg_bytes,
-        messages: n,
-        packets: t.packets,
-        gbps: (n * msg_bytes) as f64 * 8.0 / seconds / 1e9,
-        mpps: n as f64 / seconds / 1e6,
-        retransmits: t.retransmits,
-        naks: t.naks,
-        rnr_naks: t.rnr_naks,
-        timeouts: t.timeouts,
-        limit_gbps: s.limit_gbps,
-        lat_us: lat,
-        ..Default::default()
-    }
 }
 
 /// One RDMA READ of a peer's region into a local buffer, for `--verify`.
