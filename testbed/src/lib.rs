@@ -9,6 +9,7 @@ pub mod forge_cm;
 pub mod netns;
 pub mod oob;
 pub mod perf;
+pub(crate) mod perftest;
 pub mod perftest_cm;
 pub mod rdmacm;
 pub mod remote;

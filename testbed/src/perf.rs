@@ -1,14 +1,24 @@
 //! The perf harness behind `rocemu perf`: perftest's bandwidth and latency benchmarks, run on
 //! two RoCEmu RNICs in one process on one engine thread (the in-process datapath), with the
 //! copy-and-CRC "limit" measured just before, so that figures are ratios taken in one run.
+//!
+//! The benchmarks themselves are the perftest engine's (`perftest.rs`), the same as on a
+//! datapath ([`crate::remote`]); this file is their in-process end: the two RNICs and their
+//! regions (`Bed`, `setup`), A as the engine's end whose datapath turn is `Bed::pump`, B's
+//! SEND receiver as its peer's loop. The report, its JSON and perftest's table lines are the
+//! engine's (`perftest/report.rs`), re-exported here.
+pub use crate::perftest::report::{bw_header, bw_line, lat_header, lat_line, Report};
+use crate::perftest::{
+    self, BwPlan, BwQp, End, PingOp, PingPong, ReadBack, Receiver, RunShape, RxQp, Transport, Turn,
+    WR_QP_SHIFT,
+};
 use rocemu_emulator::port::wire::{Impairments, Link};
 use rocemu_emulator::rnic::mr::MrInfo;
 use rocemu_emulator::rnic::*;
 use rocemu_emulator::sim::{bring_up, pattern, ConnectOpts, IP_A, IP_B, MAC_A, MAC_B};
 use rocemu_emulator::time::Nanos;
 use rocemu_wire::{Psn, Qpn};
-use serde_json::{json, Value};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Which benchmark.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,85 +91,6 @@ pub struct Opts {
     pub qp_timeout: u8,
 }
 
-/// One run's figures (the contract's JSON keys).
-#[derive(Debug, Clone, Default)]
-pub struct Report {
-    pub test: &'static str,
-    pub size: usize,
-    pub iters: u64,
-    pub qps: usize,
-    pub mtu: usize,
-    pub seconds: f64,
-    pub bytes: u64,
-    pub messages: u64,
-    pub packets: u64,
-    pub gbps: f64,
-    pub mpps: f64,
-    pub retransmits: u64,
-    pub naks: u64,
-    pub rnr_naks: u64,
-    pub timeouts: u64,
-    pub verified: Option<bool>,
-    pub verify_detail: String,
-    pub errors: u64,
-    /// The first error completion, described.
-    pub first_error: Option<String>,
-    pub limit_gbps: f64,
-    pub bw_peak_mbps: f64,
-    /// Latencies in microseconds, sorted.
-    pub lat_us: Vec<f64>,
-}
-
-impl Report {
-    pub fn ratio_to_limit(&self) -> f64 {
-        if self.limit_gbps > 0.0 {
-            self.gbps / self.limit_gbps
-        } else {
-            0.0
-        }
-    }
-
-    pub fn to_json(&self) -> Value {
-        let mut v = json!({
-            "test": self.test,
-            "size": self.size,
-            "iters": self.iters,
-            "qps": self.qps,
-            "mtu": self.mtu,
-            "seconds": self.seconds,
-            "bytes": self.bytes,
-            "messages": self.messages,
-            "packets": self.packets,
-            "gbps": self.gbps,
-            "mpps": self.mpps,
-            "retransmits": self.retransmits,
-            "naks": self.naks,
-            "rnr_naks": self.rnr_naks,
-            "timeouts": self.timeouts,
-            "verified": self.verified,
-            "errors": self.errors,
-            "limit_gbps": self.limit_gbps,
-            "ratio_to_limit": self.ratio_to_limit(),
-        });
-        if !self.lat_us.is_empty() {
-            v["lat_us"] = json!({
-                "min": self.lat_us[0],
-                "p50": pct(&self.lat_us, 0.50),
-                "p99": pct(&self.lat_us, 0.99),
-                "p999": pct(&self.lat_us, 0.999),
-                "max": self.lat_us[self.lat_us.len() - 1],
-                "avg": self.lat_us.iter().sum::<f64>() / self.lat_us.len() as f64,
-            });
-        }
-        v
-    }
-}
-
-fn pct(sorted: &[f64], p: f64) -> f64 {
-    let i = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
-    sorted[i]
-}
-
 /// The work a byte must cost at least, per the contract: for each MTU-sized chunk of `total`
 /// payload bytes, a copy into a frame buffer, a CRC-32 pass over the frame (the sender's
 /// ICRC), a second pass (the receiver's check) and a copy out. Returns Gbit/s of payload.
@@ -185,10 +116,9 @@ pub fn measure_limit(total: u64, mtu: usize) -> f64 {
     (chunks * mtu as u64) as f64 * 8.0 / secs / 1e9
 }
 
+/// One QP pair: A's QP (the client's) and B's (the server's), and their regions.
 struct Conn {
-    /// Position in the connection list; carried in the top bits of every wr_id so that a
-    /// completion finds its connection without a lookup.
-    pos: usize,
+    /// Which of the regions this QP's are (regions are shared beyond 64 MiB of them).
     index: usize,
     qa: Qpn,
     qb: Qpn,
@@ -201,11 +131,6 @@ struct Conn {
     /// Byte offsets of this QP's regions in the shared MRs.
     offa: usize,
     offb: usize,
-    posted: u64,
-    done: u64,
-    outstanding: usize,
-    rx_posted: u64,
-    rx_done: u64,
 }
 
 struct Bed {
@@ -276,8 +201,6 @@ impl Bed {
 }
 
 const RX_DEPTH: usize = 512;
-/// wr_id = connection position << POS_SHIFT | iteration.
-const POS_SHIFT: u32 = 40;
 /// Receive buffers per QP: receives are posted up to the ring depth but cycle over this many
 /// buffers (every message of a QP carries the same pattern, checked as it completes), so that
 /// the receive side works in cache as perftest's does.
@@ -313,8 +236,11 @@ fn setup(o: &Opts) -> Result<(Bed, Vec<Conn>), String> {
     let cq_depth = ((o.tx_depth + RX_DEPTH) * 2 * o.qps).min(1 << 20);
     let cqa = a.create_cq(cq_depth).map_err(e)?;
     let cqb = b.create_cq(cq_depth).map_err(e)?;
+    // B's receive ring in a SEND test; in a latency test, where B sends from.
     let rx_ring = if o.test == Test::Send {
         msg * RX_BUFS
+    } else if o.lat {
+        msg
     } else {
         0
     };
@@ -357,7 +283,6 @@ fn setup(o: &Opts) -> Result<(Bed, Vec<Conn>), String> {
         bring_up(&mut b, qb, qa, IP_A, psn_b, psn_a, &opts).map_err(e)?;
         let r = q % regions;
         conns.push(Conn {
-            pos: q,
             index: r,
             qa,
             qb,
@@ -373,11 +298,6 @@ fn setup(o: &Opts) -> Result<(Bed, Vec<Conn>), String> {
             },
             offa: r * ra,
             offb: r * rb,
-            posted: 0,
-            done: 0,
-            outstanding: 0,
-            rx_posted: 0,
-            rx_done: 0,
         });
     }
     let (ab, ba) = if o.imp.is_none() && o.imp.delay.0 == 0 {
@@ -402,283 +322,208 @@ fn setup(o: &Opts) -> Result<(Bed, Vec<Conn>), String> {
     ))
 }
 
-fn wr_for(o: &Opts, c: &Conn, i: u64) -> SendWr {
-    let n = if matches!(o.test, Test::Atomic { .. }) {
-        8
-    } else {
-        o.size
-    };
-    let local = Sge {
-        addr: c.mra.addr,
-        length: n as u32,
-        lkey: c.mra.lkey,
-    };
-    let op = match o.test {
-        Test::Write => WrOpcode::RdmaWrite {
-            remote_addr: c.mrb.addr,
-            rkey: c.mrb.rkey,
-        },
-        Test::Read => WrOpcode::RdmaRead {
-            remote_addr: c.mrb.addr,
-            rkey: c.mrb.rkey,
-        },
-        Test::Send => WrOpcode::Send,
-        Test::Atomic { cmp_swap: false } => WrOpcode::AtomicFetchAdd {
-            remote_addr: c.mrb.addr,
-            rkey: c.mrb.rkey,
-            add: 1,
-        },
-        Test::Atomic { cmp_swap: true } => WrOpcode::AtomicCmpSwap {
-            remote_addr: c.mrb.addr,
-            rkey: c.mrb.rkey,
-            compare: i,
-            swap: i + 1,
-        },
-    };
-    SendWr::new(i, op, [local])
+/// The in-process end: A, whose datapath turn is the whole bed's ([`Bed::pump`]), and B's
+/// receiver in a SEND test (B's own loop, as a perftest server's).
+struct InProcess<'a> {
+    bed: &'a mut Bed,
+    rx: Option<SendReceiver>,
+    /// The QP whose state a stall reports.
+    first_qa: Option<Qpn>,
 }
 
-fn post_recvs(bed: &mut Bed, o: &Opts, c: &mut Conn) {
-    let msg = o.size.max(8);
-    let ring = RX_DEPTH.min(o.tx_depth * 2).max(1);
-    while c.rx_posted - c.rx_done < ring as u64 {
-        let slot = (c.rx_posted % RX_BUFS as u64) as usize;
-        let sge = Sge {
-            addr: c.mrb.addr + (msg + 64 + slot * msg) as u64,
-            length: msg as u32,
-            lkey: c.mrb.lkey,
-        };
-        if bed
-            .b
-            .post_recv(
-                c.qb,
-                RecvWr {
-                    wr_id: (c.pos as u64) << POS_SHIFT | c.rx_posted,
-                    sg_list: vec![sge],
-                },
-            )
-            .is_err()
-        {
-            break;
+impl End for InProcess<'_> {
+    const PEAK_WINDOW: Duration = Duration::from_millis(10);
+    const POLL_BATCH: usize = 1 << 16;
+    const STOP_AT_FIRST_ERROR: bool = false;
+
+    #[inline]
+    fn rnic(&mut self) -> &mut Rnic {
+        &mut self.bed.a
+    }
+
+    #[inline]
+    fn progress(&mut self) -> usize {
+        self.bed.pump() as usize
+    }
+
+    #[inline]
+    fn idle(&mut self, _work: usize) {}
+
+    #[inline]
+    fn peer_turn(&mut self) -> Result<(), String> {
+        match &mut self.rx {
+            Some(rx) => rx.turn(&mut self.bed.b),
+            None => Ok(()),
         }
-        c.rx_posted += 1;
+    }
+
+    fn describe_error(&mut self, w: &Wc) -> String {
+        format!(
+            "qp {} wr {}: {} ({:?}); A {}",
+            w.qp_num,
+            w.wr_id & ((1 << WR_QP_SHIFT) - 1),
+            w.status.as_str(),
+            w.status,
+            self.bed.a.debug_qp(w.qp_num)
+        )
+    }
+
+    fn stalled(&mut self, _completed: u64, _total: u64) -> String {
+        format!(
+            "no progress for 30 s: A {:?} {}",
+            self.bed.a.counters(),
+            self.first_qa
+                .map(|q| self.bed.a.debug_qp(q))
+                .unwrap_or_default()
+        )
+    }
+}
+
+/// B's loop in a SEND test: receives kept posted (up to the ring depth, cycling over
+/// [`RX_BUFS`] buffers per QP so that the receive side works in cache as perftest's does) and,
+/// with `--verify`, every message checked as it completes.
+struct SendReceiver {
+    rx: Receiver,
+    verify: bool,
+    size: usize,
+    /// Each QP's region.
+    index: Vec<usize>,
+    /// The pattern each region's messages carry.
+    expect: Vec<Vec<u8>>,
+    /// Messages that arrived wrong.
+    bad: u64,
+}
+
+impl SendReceiver {
+    fn new(o: &Opts, conns: &[Conn]) -> SendReceiver {
+        let msg = o.size.max(8);
+        let regions = conns.iter().map(|c| c.index).max().unwrap_or(0) + 1;
+        let qps = conns
+            .iter()
+            .map(|c| RxQp {
+                qpn: c.qb,
+                addr: c.mrb.addr + (msg + 64) as u64,
+                off: c.offb + msg + 64,
+                posted: 0,
+                done: 0,
+            })
+            .collect();
+        let ring = RX_DEPTH.min(o.tx_depth * 2).max(1) as u64;
+        let (cq, lkey) = (conns[0].cqb, conns[0].mrb.lkey);
+        SendReceiver {
+            rx: Receiver::new(cq, lkey, ring, None, msg as u32, RX_BUFS as u64, qps),
+            verify: o.verify,
+            size: o.size,
+            index: conns.iter().map(|c| c.index).collect(),
+            expect: (0..regions)
+                .map(|q| pattern(1000 + q as u64, msg))
+                .collect(),
+            bad: 0,
+        }
+    }
+
+    #[inline]
+    fn turn(&mut self, b: &mut Rnic) -> Result<(), String> {
+        let SendReceiver {
+            rx,
+            verify,
+            size,
+            index,
+            expect,
+            bad,
+        } = self;
+        let (verify, size) = (*verify, *size);
+        rx.turn(b, 1 << 16, |w, qi, off, mem| {
+            if verify
+                && (w.status != WcStatus::Success
+                    || w.byte_len as usize != size
+                    || mem[off..off + size] != expect[index[qi]][..size])
+            {
+                *bad += 1;
+            }
+            Ok(())
+        })?;
+        Ok(())
+    }
+}
+
+/// Bytes a message counts for: an atomic's 8, else the size.
+fn msg_bytes(o: &Opts) -> u64 {
+    if matches!(o.test, Test::Atomic { .. }) {
+        8
+    } else {
+        o.size as u64
+    }
+}
+
+/// The engine's view of a connection: A's QP, its buffer, and B's region.
+fn bw_qp(o: &Opts, c: &Conn) -> BwQp {
+    let local = Sge {
+        addr: c.mra.addr,
+        length: msg_bytes(o) as u32,
+        lkey: c.mra.lkey,
+    };
+    BwQp::new(c.qa, local, c.mrb.addr, c.mrb.rkey)
+}
+
+fn bw_plan(o: &Opts, cq: CqId) -> BwPlan {
+    BwPlan {
+        test: o.test,
+        iters: o.iters,
+        duration: o.duration,
+        tx_depth: o.tx_depth,
+        cq_mod: o.cq_mod,
+        cq,
+        msg_bytes: msg_bytes(o),
+        // B's targets start at 0: the chain i → i + 1 leaves the count of swaps.
+        cas_chain: true,
     }
 }
 
 /// A bandwidth run.
 pub fn run_bw(o: &Opts) -> Result<Report, String> {
-    let (mut bed, mut conns) = setup(o)?;
-    let total_iters = if o.duration.is_some() {
-        u64::MAX
-    } else {
-        o.iters
-    };
-    let msg_bytes = if matches!(o.test, Test::Atomic { .. }) {
-        8
-    } else {
-        o.size as u64
-    };
+    let (mut bed, conns) = setup(o)?;
+    let msg_bytes = msg_bytes(o);
     let limit_gbps = measure_limit((msg_bytes * o.iters.min(1 << 20)).max(1), o.mtu.bytes());
-    let mut wcs = Vec::with_capacity(4096);
-    let mut errors = 0u64;
-    let mut first_error: Option<String> = None;
-    let mut send_bad = 0u64;
-    let regions = conns.iter().map(|c| c.index).max().unwrap_or(0) + 1;
-    let expect_send: Vec<Vec<u8>> = (0..regions)
-        .map(|q| pattern(1000 + q as u64, o.size.max(8)))
-        .collect();
-    let (cqa, cqb) = (conns[0].cqa, conns[0].cqb);
+    let mut qps: Vec<BwQp> = conns.iter().map(|c| bw_qp(o, c)).collect();
     bed.start = Instant::now();
-    let t0 = Instant::now();
-    let deadline = o
-        .duration
-        .map(|d| t0 + std::time::Duration::from_secs_f64(d));
-    let mut last_progress = Instant::now();
-    let mut peak = 0.0f64;
-    let mut window_t = Instant::now();
-    let mut window_done = 0u64;
-    let mut stopped_posting = false;
-    loop {
-        let mut all_done = true;
-        let now_i = Instant::now();
-        if let Some(d) = deadline {
-            if now_i >= d {
-                stopped_posting = true;
-            }
-        }
-        for c in conns.iter_mut() {
-            if o.test == Test::Send {
-                post_recvs(&mut bed, o, c);
-            }
-            while !stopped_posting && c.outstanding < o.tx_depth && c.posted < total_iters {
-                let mut w = wr_for(o, c, c.posted);
-                w.wr_id |= (c.pos as u64) << POS_SHIFT;
-                if !signaled(c.posted, o.cq_mod, total_iters) {
-                    w.flags = SendFlags::default();
-                }
-                if bed.a.post_send(c.qa, w).is_err() {
-                    break;
-                }
-                c.posted += 1;
-                c.outstanding += 1;
-            }
-        }
-        bed.pump();
-        // One CQ per side for every QP: completions name their QP.
-        wcs.clear();
-        crate::poll_wcs(&mut bed.a, cqa, 1 << 16, &mut wcs)?;
-        for w in &wcs {
-            if w.status != WcStatus::Success {
-                errors += 1;
-                if first_error.is_none() {
-                    first_error = Some(format!(
-                        "qp {} wr {}: {} ({:?}); A {}",
-                        w.qp_num,
-                        w.wr_id & ((1 << POS_SHIFT) - 1),
-                        w.status.as_str(),
-                        w.status,
-                        bed.a.debug_qp(w.qp_num)
-                    ));
-                }
-            }
-            if let Some(c) = conns.get_mut((w.wr_id >> POS_SHIFT) as usize) {
-                cover(
-                    w.wr_id & ((1 << POS_SHIFT) - 1),
-                    &mut c.done,
-                    &mut c.outstanding,
-                );
-            }
-        }
-        if o.test == Test::Send {
-            wcs.clear();
-            crate::poll_wcs(&mut bed.b, cqb, 1 << 16, &mut wcs)?;
-            let msg = o.size.max(8);
-            let mem = bed.b.mr_bytes(conns[0].mrb.lkey).unwrap();
-            for w in &wcs {
-                let Some(c) = conns.get_mut((w.wr_id >> POS_SHIFT) as usize) else {
-                    continue;
-                };
-                c.rx_done += 1;
-                if o.verify {
-                    let slot = ((w.wr_id & ((1 << POS_SHIFT) - 1)) % RX_BUFS as u64) as usize;
-                    let off = c.offb + msg + 64 + slot * msg;
-                    if w.status != WcStatus::Success
-                        || w.byte_len as usize != o.size
-                        || mem[off..off + o.size] != expect_send[c.index][..o.size]
-                    {
-                        send_bad += 1;
-                    }
-                }
-            }
-        }
-        // A timed run has no last work request to signal: the ones posted after the last
-        // signaled one never show a completion, and are not counted.
-        let unseen = |c: &Conn| {
-            if o.duration.is_some() {
-                (c.posted % o.cq_mod as u64) as usize
-            } else {
-                0
-            }
-        };
-        for c in conns.iter() {
-            if c.outstanding > unseen(c) || (!stopped_posting && c.posted < total_iters) {
-                all_done = false;
-                break;
-            }
-        }
-        let done: u64 = conns.iter().map(|c| c.done).sum();
-        if done != window_done {
-            last_progress = Instant::now();
-            let dt = window_t.elapsed().as_secs_f64();
-            if dt > 0.01 {
-                peak = peak.max((done - window_done) as f64 * msg_bytes as f64 / dt / 1e6);
-                window_t = Instant::now();
-                window_done = done;
-            }
-        }
-        if all_done {
-            break;
-        }
-        if errors > 0 && conns.iter().all(|c| c.outstanding == 0) {
-            break;
-        }
-        if last_progress.elapsed().as_secs_f64() > 30.0 {
-            return Err(format!(
-                "no progress for 30 s: A {:?} {}",
-                bed.a.counters(),
-                conns
-                    .first()
-                    .map(|c| bed.a.debug_qp(c.qa))
-                    .unwrap_or_default()
-            ));
-        }
-    }
-    let seconds = t0.elapsed().as_secs_f64();
-    let messages: u64 = conns.iter().map(|c| c.done).sum();
-    let bytes = messages * msg_bytes;
-    let ca = bed.a.counters();
-    let cb = bed.b.counters();
-    let mut r = Report {
-        test: o.test.name(),
+    let mut end = InProcess {
+        bed: &mut bed,
+        rx: (o.test == Test::Send).then(|| SendReceiver::new(o, &conns)),
+        first_qa: conns.first().map(|c| c.qa),
+    };
+    let run = perftest::bandwidth(&mut end, &bw_plan(o, conns[0].cqa), &mut qps)?;
+    let shape = RunShape {
+        test: o.test,
         size: o.size,
-        iters: messages / o.qps as u64,
         qps: o.qps,
         mtu: o.mtu.bytes(),
-        seconds,
-        bytes,
-        messages,
-        packets: bed.packets,
-        gbps: bytes as f64 * 8.0 / seconds / 1e9,
-        mpps: messages as f64 / seconds / 1e6,
-        retransmits: ca.retransmits + cb.retransmits,
-        naks: ca.naks_received + cb.naks_received,
-        rnr_naks: ca.rnr_naks_received + cb.rnr_naks_received,
-        timeouts: ca.local_ack_timeouts + cb.local_ack_timeouts,
-        verified: None,
-        verify_detail: String::new(),
-        errors,
-        first_error,
+        iters: run.messages / o.qps as u64,
         limit_gbps,
-        bw_peak_mbps: peak.max(bytes as f64 / seconds / 1e6),
-        lat_us: Vec::new(),
     };
+    let t = Transport::both(
+        end.bed.packets,
+        &end.bed.a.counters(),
+        &end.bed.b.counters(),
+    );
+    let errors = run.errors;
+    let mut r = perftest::bw_report(&shape, msg_bytes, run, t);
     if o.verify {
-        let (ok, detail) = verify(&mut bed, o, &mut conns, send_bad, errors)?;
+        let (ok, detail) = verify(&mut end, o, &conns, &qps, errors)?;
         r.verified = Some(ok);
         r.verify_detail = detail;
     }
     Ok(r)
 }
 
-/// Drives until every connection's client CQ has `want` more completions (or fails).
-fn wait_client(bed: &mut Bed, conns: &mut [Conn], want: u64) -> Result<u64, String> {
-    let t = Instant::now();
-    let mut errors = 0;
-    let mut got = 0u64;
-    let mut wcs = Vec::new();
-    let need = want * conns.len() as u64;
-    let cq = conns[0].cqa;
-    while got < need {
-        bed.pump();
-        wcs.clear();
-        crate::poll_wcs(&mut bed.a, cq, 1 << 16, &mut wcs)?;
-        got += wcs.len() as u64;
-        errors += wcs.iter().filter(|w| w.status != WcStatus::Success).count() as u64;
-        if t.elapsed().as_secs_f64() > 60.0 {
-            return Err("verification read-back did not complete in 60 s".into());
-        }
-    }
-    Ok(errors)
-}
-
 /// `--verify`: checks results through the wire: what was written is read back, what was read
 /// is compared with the server's bytes, every send was compared as it arrived, and every atomic
 /// counter is read back and must equal the sum of its adds.
 fn verify(
-    bed: &mut Bed,
+    end: &mut InProcess,
     o: &Opts,
-    conns: &mut [Conn],
-    send_bad: u64,
+    conns: &[Conn],
+    qps: &[BwQp],
     errors: u64,
 ) -> Result<(bool, String), String> {
     if errors > 0 {
@@ -688,11 +533,12 @@ fn verify(
     let mut problems = Vec::new();
     match o.test {
         Test::Send => {
-            if send_bad > 0 {
-                problems.push(format!("{send_bad} received messages differ"));
+            let rx = end.rx.as_ref().expect("a SEND test has its receiver");
+            if rx.bad > 0 {
+                problems.push(format!("{} received messages differ", rx.bad));
             }
-            let sent: u64 = conns.iter().map(|c| c.done).sum();
-            let recvd: u64 = conns.iter().map(|c| c.rx_done).sum();
+            let sent: u64 = qps.iter().map(|q| q.done).sum();
+            let recvd: u64 = rx.rx.qps.iter().map(|q| q.done).sum();
             if sent != recvd {
                 problems.push(format!("{sent} sent, {recvd} received"));
             }
@@ -700,52 +546,51 @@ fn verify(
         Test::Write | Test::Atomic { .. } => {
             // Read the target back into the client's second buffer, through the wire.
             let n = if o.test == Test::Write { o.size } else { 8 };
-            for c in conns.iter() {
-                bed.a.mr_bytes_mut(c.mra.lkey).unwrap()[c.offa + msg..c.offa + msg + n].fill(0);
-                let local = Sge {
-                    addr: c.mra.addr + msg as u64,
-                    length: n as u32,
-                    lkey: c.mra.lkey,
-                };
-                let w = SendWr::new(
-                    u64::MAX,
-                    WrOpcode::RdmaRead {
-                        remote_addr: c.mrb.addr,
-                        rkey: c.mrb.rkey,
+            let mut reads = Vec::with_capacity(conns.len());
+            for c in conns {
+                end.bed.a.mr_bytes_mut(c.mra.lkey).unwrap()[c.offa + msg..c.offa + msg + n].fill(0);
+                reads.push(ReadBack {
+                    qpn: c.qa,
+                    into: Sge {
+                        addr: c.mra.addr + msg as u64,
+                        length: n as u32,
+                        lkey: c.mra.lkey,
                     },
-                    vec![local],
-                );
-                bed.a.post_send(c.qa, w).map_err(|e| e.to_string())?;
+                    remote_addr: c.mrb.addr,
+                    rkey: c.mrb.rkey,
+                });
             }
-            let errs = wait_client(bed, conns, 1)?;
-            if errs > 0 {
+            let cq = conns[0].cqa;
+            let Some(st) = perftest::read_back(end, cq, &reads, Duration::from_secs(60))? else {
+                return Err("verification read-back did not complete in 60 s".into());
+            };
+            if st.iter().any(|s| *s != WcStatus::Success) {
                 problems.push("read-back failed".to_string());
             }
-            for c in conns.iter() {
-                let got =
-                    bed.a.mr_bytes(c.mra.lkey).unwrap()[c.offa + msg..c.offa + msg + n].to_vec();
+            for (c, q) in conns.iter().zip(qps) {
+                let got = &end.bed.a.mr_bytes(c.mra.lkey).unwrap()[c.offa + msg..c.offa + msg + n];
                 if o.test == Test::Write {
                     let want = pattern(1000 + c.index as u64, msg);
-                    if c.done > 0 && got[..] != want[..n] {
+                    if q.done > 0 && got[..] != want[..n] {
                         problems.push(format!("qp {}: written bytes differ", c.index));
                     }
                 } else {
                     let v = u64::from_le_bytes(got[..8].try_into().unwrap());
                     // Fetch-add adds 1 per op; the compare-and-swap chain moves i → i+1.
-                    if v != c.done {
+                    if v != q.done {
                         problems.push(format!(
                             "qp {}: counter {v}, want {} (an atomic lost or applied twice)",
-                            c.index, c.done
+                            c.index, q.done
                         ));
                     }
                 }
             }
         }
         Test::Read => {
-            for c in conns.iter() {
+            for (c, q) in conns.iter().zip(qps) {
                 let want = pattern(2000 + c.index as u64, msg);
-                let got = &bed.a.mr_bytes(c.mra.lkey).unwrap()[c.offa..c.offa + o.size];
-                if c.done > 0 && got != &want[..o.size] {
+                let got = &end.bed.a.mr_bytes(c.mra.lkey).unwrap()[c.offa..c.offa + o.size];
+                if q.done > 0 && got != &want[..o.size] {
                     problems.push(format!("qp {}: read bytes differ", c.index));
                 }
             }
@@ -754,179 +599,116 @@ fn verify(
     Ok((problems.is_empty(), problems.join("; ")))
 }
 
-/// A latency run: send and write ping-pong (half the round trip, as perftest reports), read
-/// and atomic as the time to their completion.
+/// A latency run on one QP pair: send and write as perftest's ping-pongs (half the round
+/// trip; A goes first and measures, B answers, both turned in this thread), read and atomic as
+/// the time to their completion.
 pub fn run_lat(o: &Opts) -> Result<Report, String> {
     let mut o1 = o.clone();
     o1.qps = 1;
     o1.tx_depth = 1;
-    let (mut bed, mut conns) = setup(&o1)?;
-    let msg_bytes = if matches!(o.test, Test::Atomic { .. }) {
-        8
-    } else {
-        o.size as u64
-    };
+    o1.lat = true;
+    let (mut bed, conns) = setup(&o1)?;
+    let msg_bytes = msg_bytes(o);
     let limit_gbps = measure_limit((msg_bytes * o.iters).max(1), o.mtu.bytes());
-    let c = &mut conns[0];
-    let mut lat = Vec::with_capacity(o.iters as usize);
-    let mut wcs = Vec::with_capacity(8);
+    let c = &conns[0];
     let iters = o.iters.max(1);
     let t0 = Instant::now();
     let mut errors = 0;
-    let msg = o.size.max(8);
-    for i in 0..iters {
-        let t = Instant::now();
-        match o.test {
-            Test::Send => {
-                // A → B, then B → A: a full round trip.
-                for from_a in [true, false] {
-                    let (tx, rx) = if from_a {
-                        (&mut bed.a, &mut bed.b)
-                    } else {
-                        (&mut bed.b, &mut bed.a)
-                    };
-                    let (tq, rq, tmr, rmr) = if from_a {
-                        (c.qa, c.qb, c.mra, c.mrb)
-                    } else {
-                        (c.qb, c.qa, c.mrb, c.mra)
-                    };
-                    let rsge = Sge {
-                        addr: rmr.addr + msg as u64,
-                        length: msg as u32,
-                        lkey: rmr.lkey,
-                    };
-                    rx.post_recv(
-                        rq,
-                        RecvWr {
-                            wr_id: i,
-                            sg_list: vec![rsge],
-                        },
-                    )
-                    .map_err(|e| e.to_string())?;
-                    let mut w = SendWr::new(
-                        i,
-                        WrOpcode::Send,
-                        vec![Sge {
-                            addr: tmr.addr,
-                            length: o.size as u32,
-                            lkey: tmr.lkey,
-                        }],
-                    );
-                    w.flags = SendFlags::SIGNALED;
-                    tx.post_send(tq, w).map_err(|e| e.to_string())?;
-                    let rcq = if from_a { c.cqb } else { c.cqa };
-                    loop {
-                        bed.pump();
-                        wcs.clear();
-                        let r = if from_a { &mut bed.b } else { &mut bed.a };
-                        crate::poll_wcs(r, rcq, 8, &mut wcs)?;
-                        // the receive completion (send completions on the same CQ are skipped)
-                        if let Some(w) = wcs.iter().find(|w| w.opcode == WcOpcode::Recv) {
-                            errors += (w.status != WcStatus::Success) as u64;
-                            break;
-                        }
-                        errors +=
-                            wcs.iter().filter(|w| w.status != WcStatus::Success).count() as u64;
-                        if t.elapsed().as_secs_f64() > 30.0 {
-                            return Err("latency iteration did not complete in 30 s".into());
-                        }
-                    }
-                }
-                // drain send completions
-                bed.a.poll_cq(c.cqa, 8);
-                bed.b.poll_cq(c.cqb, 8);
-                lat.push(t.elapsed().as_secs_f64() * 1e6 / 2.0);
-            }
-            _ => {
-                let w = wr_for(&o1, c, i);
-                bed.a.post_send(c.qa, w).map_err(|e| e.to_string())?;
-                loop {
-                    bed.pump();
-                    wcs.clear();
-                    crate::poll_wcs(&mut bed.a, c.cqa, 8, &mut wcs)?;
-                    if !wcs.is_empty() {
-                        errors +=
-                            wcs.iter().filter(|w| w.status != WcStatus::Success).count() as u64;
-                        break;
-                    }
-                    if t.elapsed().as_secs_f64() > 30.0 {
-                        return Err("latency iteration did not complete in 30 s".into());
-                    }
-                }
-                let us = t.elapsed().as_secs_f64() * 1e6;
-                // A write is a round trip (request, ACK): report half, as perftest's ping-pong.
-                lat.push(if o.test == Test::Write { us / 2.0 } else { us });
-                c.done += 1;
-            }
+    let lat = match o.test {
+        Test::Send | Test::Write => ping_pong(&mut bed, o, c, iters)?,
+        Test::Read | Test::Atomic { .. } => {
+            let mut end = InProcess {
+                bed: &mut bed,
+                rx: None,
+                first_qa: Some(c.qa),
+            };
+            let (q, plan) = (bw_qp(&o1, c), bw_plan(&o1, c.cqa));
+            let wr = |i| perftest::work_request(&plan, &q, i);
+            let stall = "latency iteration did not complete in 30 s";
+            let (lat, e, _) = perftest::one_at_a_time(&mut end, c.qa, c.cqa, iters, wr, stall)?;
+            errors = e;
+            lat
         }
-    }
+    };
     let seconds = t0.elapsed().as_secs_f64();
-    lat.sort_by(|a, b| a.total_cmp(b));
-    let ca = bed.a.counters();
-    let cb = bed.b.counters();
-    Ok(Report {
-        test: o.test.name(),
+    let shape = RunShape {
+        test: o.test,
         size: o.size,
-        iters,
         qps: 1,
         mtu: o.mtu.bytes(),
-        seconds,
-        bytes: msg_bytes * iters,
-        messages: iters,
-        packets: bed.packets,
-        gbps: (msg_bytes * iters) as f64 * 8.0 / seconds / 1e9,
-        mpps: iters as f64 / seconds / 1e6,
-        retransmits: ca.retransmits + cb.retransmits,
-        naks: ca.naks_received + cb.naks_received,
-        rnr_naks: ca.rnr_naks_received + cb.rnr_naks_received,
-        timeouts: ca.local_ack_timeouts + cb.local_ack_timeouts,
-        verified: if o.verify { Some(errors == 0) } else { None },
-        verify_detail: String::new(),
-        errors,
-        first_error: None,
+        iters,
         limit_gbps,
-        bw_peak_mbps: 0.0,
-        lat_us: lat,
-    })
-}
-
-/// perftest's bandwidth table lines.
-pub fn bw_header(gbits: bool) -> String {
-    let unit = if gbits { "Gb/sec" } else { "MB/sec" };
-    format!(" #bytes     #iterations    BW peak[{unit}]    BW average[{unit}]   MsgRate[Mpps]")
-}
-
-pub fn bw_line(r: &Report, gbits: bool) -> String {
-    let avg = r.bytes as f64 / r.seconds;
-    let (peak, avg) = if gbits {
-        (r.bw_peak_mbps * 8.0 / 1e3, avg * 8.0 / 1e9)
-    } else {
-        (r.bw_peak_mbps, avg / 1e6)
     };
-    format!(
-        " {:<10} {:<10}       {:<16.2}   {:<16.2}     {:.6}",
-        r.size, r.iters, peak, avg, r.mpps
-    )
+    let t = Transport::both(bed.packets, &bed.a.counters(), &bed.b.counters());
+    let mut r = perftest::lat_report(&shape, msg_bytes, seconds, lat, t);
+    r.errors = errors;
+    r.verified = o.verify.then_some(errors == 0);
+    Ok(r)
 }
 
-pub fn lat_header() -> String {
-    " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] ".to_string()
-}
-
-pub fn lat_line(r: &Report) -> String {
-    let l = &r.lat_us;
-    let avg = l.iter().sum::<f64>() / l.len() as f64;
-    let var = l.iter().map(|x| (x - avg) * (x - avg)).sum::<f64>() / l.len() as f64;
-    format!(
-        " {:<7} {:<10}     {:<10.2}     {:<10.2}   {:<10.2}         {:<10.2}      {:<10.2}      {:<10.2}             {:<10.2}",
-        r.size,
-        r.iters,
-        l[0],
-        l[l.len() - 1],
-        pct(l, 0.5),
-        avg,
-        var.sqrt(),
-        pct(l, 0.99),
-        pct(l, 0.999)
-    )
+/// ib_write_lat / ib_send_lat with both ends in this thread: A sends first and measures, B
+/// answers; each writes into (write) or receives into (send) the other's zeroed region.
+fn ping_pong(bed: &mut Bed, o: &Opts, c: &Conn, iters: u64) -> Result<Vec<f64>, String> {
+    let msg = o.size.max(8);
+    // A write carries its counter in its last byte: at least one.
+    let len = if o.test == Test::Write {
+        o.size.max(1)
+    } else {
+        o.size
+    } as u32;
+    let sge = |mr: &MrInfo, off: usize| Sge {
+        addr: mr.addr + off as u64,
+        length: len,
+        lkey: mr.lkey,
+    };
+    // A: sends from its buffer, receives into its read-back area. B: receives into its target,
+    // sends from behind it.
+    let (a_send, a_recv) = (sge(&c.mra, 0), sge(&c.mra, msg));
+    let (b_recv, b_send) = (sge(&c.mrb, 0), sge(&c.mrb, msg + 64));
+    bed.a.mr_bytes_mut(c.mra.lkey).unwrap()[c.offa + msg..c.offa + 2 * msg].fill(0);
+    bed.b.mr_bytes_mut(c.mrb.lkey).unwrap()[c.offb..c.offb + msg].fill(0);
+    let (op, first_send) = match o.test {
+        Test::Write => (PingOp::Write, false),
+        _ => (PingOp::Send, true),
+    };
+    let mut a = PingPong::new(
+        op,
+        c.qa,
+        c.cqa,
+        c.mra.addr - c.offa as u64,
+        a_recv,
+        a_send,
+        (b_recv.addr, c.mrb.rkey),
+        iters,
+        true,
+        true,
+    );
+    let mut b = PingPong::new(
+        op,
+        c.qb,
+        c.cqb,
+        c.mrb.addr - c.offb as u64,
+        b_recv,
+        b_send,
+        (a_recv.addr, c.mra.rkey),
+        iters,
+        false,
+        false,
+    );
+    if first_send {
+        for _ in 0..2 {
+            PingPong::post_recv(&mut bed.a, c.qa, a_recv)?;
+            PingPong::post_recv(&mut bed.b, c.qb, b_recv)?;
+        }
+    }
+    // A pump after each end's turn: what one end posted reaches the other before its turn.
+    loop {
+        let ta = a.turn(&mut bed.a)?;
+        bed.pump();
+        let tb = b.turn(&mut bed.b)?;
+        if ta == Turn::Done && tb == Turn::Done {
+            return Ok(a.lat);
+        }
+        bed.pump();
+    }
 }

@@ -1,6 +1,8 @@
 //! One end of a benchmark or a pingpong on a real datapath: an [`Endpoint`] (an RNIC and the
 //! engine that binds it to a port) facing a peer process, with the out-of-band exchange of
-//! `ibv_rc_pingpong` or perftest over TCP ([`crate::oob`]).
+//! `ibv_rc_pingpong` or perftest over TCP ([`crate::oob`]). perftest's bandwidth and latency
+//! run on the perftest engine (`perftest.rs`), the [`Endpoint`] as its end; this file
+//! holds the end's set-up, the exchange around the run and its `--verify`.
 //!
 //! The engine must keep turning while the out-of-band exchange waits on TCP: the peer resolves
 //! our MAC while it moves its QPs to RTR, and a passive server's RNIC answers the client's
@@ -13,6 +15,9 @@ use crate::oob::{
     PingpongDest, SysData,
 };
 use crate::perf::{measure_limit, Report};
+use crate::perftest::{
+    self, BwPlan, BwQp, End, PingOp, PingPong, ReadBack, Receiver, RunShape, RxQp, Transport,
+};
 use rocemu_emulator::engine::Engine;
 use rocemu_emulator::rnic::mr::MrInfo;
 use rocemu_emulator::rnic::*;
@@ -1123,21 +1128,12 @@ pub(crate) fn post_server_recvs(
     n: usize,
 ) -> Result<(), String> {
     let q = s.qps[qi];
-    for _ in 0..n {
-        r.post_recv(
-            q.qpn,
-            RecvWr {
-                wr_id: qi as u64,
-                sg_list: vec![Sge {
-                    addr: s.mr.addr + q.off as u64,
-                    length: o.size as u32,
-                    lkey: s.mr.lkey,
-                }],
-            },
-        )
-        .map_err(verr)?;
-    }
-    Ok(())
+    let buf = Sge {
+        addr: s.mr.addr + q.off as u64,
+        length: o.size as u32,
+        lkey: s.mr.lkey,
+    };
+    perftest::post_receives(r, qi, q.qpn, buf, n)
 }
 
 /// What a perf end prints and returns.
@@ -1435,44 +1431,75 @@ pub(crate) fn client_report(o: &PerfOpts, b: &BwReport, mtu: Mtu) -> Report {
     }
 }
 
-/// A send-test server: keeps receives posted until every QP got its `iters` messages.
+/// A send-test server: keeps receives posted (the [`RX_DEPTH`] posted before the run, then one
+/// more per message until each QP has had its `iters`) until every QP got its `iters` messages.
 pub(crate) fn serve_send(ep: &mut Endpoint, o: &PerfOpts, s: &PerfSetup) -> Result<u64, String> {
     let want = o.iters * o.qps as u64;
-    let mut got = vec![0u64; o.qps];
-    let mut posted = vec![RX_DEPTH as u64; o.qps];
-    let mut wcs = Vec::new();
+    let qps = s
+        .qps
+        .iter()
+        .map(|q| RxQp {
+            qpn: q.qpn,
+            addr: s.mr.addr + q.off as u64,
+            off: q.off,
+            posted: RX_DEPTH as u64,
+            done: 0,
+        })
+        .collect();
+    let (len, ring) = (o.size as u32, RX_DEPTH as u64);
+    let mut rx = Receiver::new(s.cq, s.mr.lkey, ring, Some(o.iters), len, 1, qps);
     let mut total = 0;
     let mut last = Instant::now();
     while total < want {
-        let w = ep.engine.poll(&mut ep.rnic);
-        wcs.clear();
-        if crate::poll_wcs(&mut ep.rnic, s.cq, 64, &mut wcs)? == 0 {
-            ep.engine.idle(w);
+        let w = ep.progress();
+        let n = rx.turn(&mut ep.rnic, 64, |wc, _, _, _| match wc.status {
+            WcStatus::Success => Ok(()),
+            st => Err(format!("receive completion {st:?}")),
+        })?;
+        if n == 0 {
+            ep.idle(w);
             if last.elapsed() > Duration::from_secs(60) {
                 return Err(format!("no message for 60 s after {total} of {want}"));
             }
             continue;
         }
         last = Instant::now();
-        for wc in &wcs {
-            if wc.status != WcStatus::Success {
-                return Err(format!("receive completion {:?}", wc.status));
-            }
-            let qi = wc.wr_id as usize;
-            got[qi] += 1;
-            total += 1;
-            if posted[qi] < o.iters {
-                post_server_recvs(&mut ep.rnic, o, s, qi, 1)?;
-                posted[qi] += 1;
-            }
-        }
+        total += n as u64;
     }
     Ok(total)
 }
 
-/// wr_id of the bandwidth client's work requests: QP index << WR_QP_SHIFT | iteration.
-const WR_QP_SHIFT: u32 = 40;
+/// The process's end of a run: its RNIC, turned by its engine; the peer is another process.
+impl End for Endpoint {
+    const PEAK_WINDOW: Duration = Duration::from_millis(100);
+    const POLL_BATCH: usize = 64;
+    const STOP_AT_FIRST_ERROR: bool = true;
 
+    fn rnic(&mut self) -> &mut Rnic {
+        &mut self.rnic
+    }
+
+    fn progress(&mut self) -> usize {
+        self.engine.poll(&mut self.rnic)
+    }
+
+    fn idle(&mut self, work: usize) {
+        self.engine.idle(work)
+    }
+
+    fn describe_error(&mut self, wc: &Wc) -> String {
+        format!("{:?} on QP {:#x}", wc.status, wc.qp_num.value())
+    }
+
+    fn stalled(&mut self, completed: u64, total: u64) -> String {
+        format!(
+            "no completion for 30 s after {completed} of {total}; counters {:?}",
+            self.rnic.counters()
+        )
+    }
+}
+
+/// The client's bandwidth run, on the engine ([`perftest::bandwidth`]).
 pub(crate) fn run_client(
     ep: &mut Endpoint,
     o: &PerfOpts,
@@ -1482,128 +1509,45 @@ pub(crate) fn run_client(
 ) -> Result<Report, String> {
     use crate::perf::Test;
     let c0 = ep.rnic.counters();
-    let limit = measure_limit(o.size as u64 * o.iters * o.qps as u64, mtu.bytes());
-    let mut posted = vec![0u64; o.qps];
-    let mut done = vec![0u64; o.qps];
-    let mut outstanding = vec![0usize; o.qps];
-    let total = o.iters * o.qps as u64;
-    let mut completed = 0u64;
-    let mut wcs = Vec::with_capacity(64);
-    let mut errors = 0u64;
-    let mut first_error = None;
-    let mut peak = 0.0f64;
-    let mut window = (Instant::now(), 0u64);
-    let start = Instant::now();
-    let mut last = Instant::now();
-    while completed < total {
-        for qi in 0..o.qps {
-            while outstanding[qi] < o.tx_depth && posted[qi] < o.iters {
-                let q = s.qps[qi];
-                let local = Sge {
-                    addr: s.mr.addr + q.off as u64,
-                    length: o.size as u32,
-                    lkey: s.mr.lkey,
-                };
-                let (raddr, rkey) = (rem[qi].vaddr, rem[qi].rkey);
-                let opcode = match o.test {
-                    Test::Write => WrOpcode::RdmaWrite {
-                        remote_addr: raddr,
-                        rkey,
-                    },
-                    Test::Read => WrOpcode::RdmaRead {
-                        remote_addr: raddr,
-                        rkey,
-                    },
-                    Test::Send => WrOpcode::Send,
-                    Test::Atomic { cmp_swap: false } => WrOpcode::AtomicFetchAdd {
-                        remote_addr: raddr,
-                        rkey,
-                        add: 1,
-                    },
-                    Test::Atomic { cmp_swap: true } => WrOpcode::AtomicCmpSwap {
-                        remote_addr: raddr,
-                        rkey,
-                        compare: 0,
-                        swap: 0,
-                    },
-                };
-                let local = if matches!(o.test, Test::Atomic { .. }) {
-                    Sge { length: 8, ..local }
-                } else {
-                    local
-                };
-                let mut wr = SendWr::new((qi as u64) << WR_QP_SHIFT | posted[qi], opcode, [local]);
-                if !crate::perf::signaled(posted[qi], o.cq_mod, o.iters) {
-                    wr.flags = SendFlags::default();
-                }
-                ep.rnic.post_send(q.qpn, wr).map_err(verr)?;
-                posted[qi] += 1;
-                outstanding[qi] += 1;
-            }
-        }
-        let w = ep.engine.poll(&mut ep.rnic);
-        wcs.clear();
-        let n = crate::poll_wcs(&mut ep.rnic, s.cq, 64, &mut wcs)?;
-        if n == 0 {
-            ep.engine.idle(w);
-            if last.elapsed() > Duration::from_secs(30) {
-                return Err(format!(
-                    "no completion for 30 s after {completed} of {total}; counters {:?}",
-                    ep.rnic.counters()
-                ));
-            }
-            continue;
-        }
-        last = Instant::now();
-        for wc in &wcs {
-            let qi = (wc.wr_id >> WR_QP_SHIFT) as usize;
-            let Some(&q) = s.qps.get(qi) else { continue };
-            if wc.status != WcStatus::Success {
-                errors += 1;
-                first_error
-                    .get_or_insert_with(|| format!("{:?} on QP {:#x}", wc.status, q.qpn.value()));
-            }
-            let i = wc.wr_id & ((1 << WR_QP_SHIFT) - 1);
-            completed += crate::perf::cover(i, &mut done[qi], &mut outstanding[qi]);
-        }
-        if errors > 0 {
-            break;
-        }
-        let el = window.0.elapsed();
-        if el >= Duration::from_millis(100) {
-            let bw = (completed - window.1) as f64 * o.size as f64 / el.as_secs_f64() / 1e6;
-            peak = peak.max(bw);
-            window = (Instant::now(), completed);
-        }
-    }
-    let seconds = start.elapsed().as_secs_f64();
-    let c1 = ep.rnic.counters();
-    let bytes = completed * o.size as u64;
-    let avg_mbps = bytes as f64 / seconds / 1e6;
-    Ok(Report {
-        test: o.test.name(),
+    let limit_gbps = measure_limit(o.size as u64 * o.iters * o.qps as u64, mtu.bytes());
+    let len = match o.test {
+        Test::Atomic { .. } => 8,
+        _ => o.size as u32,
+    };
+    let mut qps: Vec<BwQp> = s
+        .qps
+        .iter()
+        .zip(rem)
+        .map(|(q, d)| {
+            let local = Sge {
+                addr: s.mr.addr + q.off as u64,
+                length: len,
+                lkey: s.mr.lkey,
+            };
+            BwQp::new(q.qpn, local, d.vaddr, d.rkey)
+        })
+        .collect();
+    let plan = BwPlan {
+        test: o.test,
+        iters: o.iters,
+        duration: None,
+        tx_depth: o.tx_depth,
+        cq_mod: o.cq_mod,
+        cq: s.cq,
+        msg_bytes: o.size as u64,
+        cas_chain: false,
+    };
+    let run = perftest::bandwidth(ep, &plan, &mut qps)?;
+    let shape = RunShape {
+        test: o.test,
         size: o.size,
-        iters: total,
         qps: o.qps,
         mtu: mtu.bytes(),
-        seconds,
-        bytes,
-        messages: completed,
-        packets: (c1.tx_packets - c0.tx_packets) + (c1.rx_packets - c0.rx_packets),
-        gbps: bytes as f64 * 8.0 / seconds / 1e9,
-        mpps: completed as f64 / seconds / 1e6,
-        retransmits: c1.retransmits - c0.retransmits,
-        naks: c1.naks_received - c0.naks_received,
-        rnr_naks: c1.rnr_naks_received - c0.rnr_naks_received,
-        timeouts: c1.local_ack_timeouts - c0.local_ack_timeouts,
-        verified: None,
-        verify_detail: String::new(),
-        errors,
-        first_error,
-        limit_gbps: limit,
-        bw_peak_mbps: peak.max(avg_mbps),
-        lat_us: Vec::new(),
-    })
+        iters: o.iters * o.qps as u64,
+        limit_gbps,
+    };
+    let t = Transport::since(&c0, &ep.rnic.counters());
+    Ok(perftest::bw_report(&shape, o.size as u64, run, t))
 }
 
 /// Checks the run through the wire by reading back the server's regions (a RoCEmu server
@@ -1623,40 +1567,23 @@ pub(crate) fn verify(
     };
     for (qi, d) in rem.iter().enumerate() {
         let q = s.qps[qi];
-        let sge = Sge {
-            addr: s.mr.addr + (back + q.off) as u64,
-            length: n as u32,
-            lkey: s.mr.lkey,
+        let b = ReadBack {
+            qpn: q.qpn,
+            into: Sge {
+                addr: s.mr.addr + (back + q.off) as u64,
+                length: n as u32,
+                lkey: s.mr.lkey,
+            },
+            remote_addr: d.vaddr,
+            rkey: d.rkey,
         };
-        ep.rnic
-            .post_send(
-                q.qpn,
-                SendWr::new(
-                    1 << 40,
-                    WrOpcode::RdmaRead {
-                        remote_addr: d.vaddr,
-                        rkey: d.rkey,
-                    },
-                    vec![sge],
-                ),
-            )
-            .map_err(verr)?;
-        let mut wcs = Vec::new();
-        let cq = s.cq;
-        if !ep
-            .engine
-            .run_until(&mut ep.rnic, Duration::from_secs(30), |r| {
-                r.poll_cq_into(cq, 1, &mut wcs);
-                !wcs.is_empty() || r.cq_overflowed(cq)
-            })
-        {
+        let Some(st) = perftest::read_back(ep, s.cq, &[b], Duration::from_secs(30))? else {
             return Ok((false, format!("QP {qi}: the read-back did not complete")));
-        }
-        crate::poll_wcs(&mut ep.rnic, cq, 0, &mut wcs)?;
-        if wcs[0].status != WcStatus::Success {
+        };
+        if st[0] != WcStatus::Success {
             return Ok((
                 false,
-                format!("QP {qi}: the read-back failed ({:?}; a perftest server does not grant remote reads)", wcs[0].status),
+                format!("QP {qi}: the read-back failed ({:?}; a perftest server does not grant remote reads)", st[0]),
             ));
         }
         let b = ep.rnic.mr_bytes(s.mr.lkey).expect("registered");
@@ -1702,11 +1629,11 @@ pub(crate) fn verify(
     Ok((true, String::new()))
 }
 
-/// perftest's latency tests. WRITE: each end writes its counter into the last byte of the
-/// peer's region and waits for the peer's counter in its own (ib_write_lat); SEND: a ping-pong
-/// of SENDs (ib_send_lat); READ and atomics: the client times each operation alone, the server
-/// is passive (ib_read_lat, ib_atomic_lat). WRITE and SEND report half the round trip, as
-/// perftest does. Returns the figures on the ends that measure.
+/// perftest's latency tests, on the engine. WRITE: each end writes its counter into the last
+/// byte of the peer's region and waits for the peer's counter in its own (ib_write_lat), the
+/// server first; SEND: a ping-pong of SENDs, the client first (ib_send_lat); READ and atomics:
+/// the client times each operation alone, the server is passive (ib_read_lat, ib_atomic_lat).
+/// The client measures; the server returns no figures.
 pub(crate) fn run_lat(
     ep: &mut Endpoint,
     o: &PerfOpts,
@@ -1717,209 +1644,79 @@ pub(crate) fn run_lat(
 ) -> Result<Option<Report>, String> {
     use crate::perf::Test;
     let q = s.qps[0];
-    let region = o.region();
     let d = rem[0];
-    let recv_area = s.mr.addr + q.off as u64;
-    let send_off = o.qps * region + q.off;
-    let send_area = s.mr.addr + send_off as u64;
-    let size = o.size;
+    let size = o.size as u32;
+    let recv = Sge {
+        addr: s.mr.addr + q.off as u64,
+        length: size,
+        lkey: s.mr.lkey,
+    };
+    let send = Sge {
+        addr: s.mr.addr + (o.qps * o.region() + q.off) as u64,
+        ..recv
+    };
     let passive = server && matches!(o.test, Test::Read | Test::Atomic { .. });
     if passive {
         return Ok(None);
     }
-    let mut wcs = Vec::new();
-    let mut lat = Vec::with_capacity(o.iters as usize);
-    let deadline = Duration::from_secs(30);
     let c0 = ep.rnic.counters();
     let start = Instant::now();
-    // Waits for `n` completions on the CQ; the first error ends the run.
-    let mut wait_wcs = |ep: &mut Endpoint, n: usize, what: &str| -> Result<(), String> {
-        let mut got = 0;
-        let t = Instant::now();
-        while got < n {
-            wcs.clear();
-            got += crate::poll_wcs(&mut ep.rnic, s.cq, n - got, &mut wcs)?;
-            if let Some(w) = wcs.iter().find(|w| w.status != WcStatus::Success) {
-                return Err(format!("{what}: {:?}", w.status));
-            }
-            if got < n {
-                let w = ep.engine.poll(&mut ep.rnic);
-                ep.engine.idle(w);
-                if t.elapsed() > deadline {
-                    return Err(format!("{what}: no completion for 30 s"));
-                }
-            }
-        }
-        Ok(())
-    };
-    let recv = |ep: &mut Endpoint| {
-        ep.rnic.post_recv(
-            q.qpn,
-            RecvWr {
-                wr_id: 0,
-                sg_list: vec![Sge {
-                    addr: recv_area,
-                    length: size as u32,
-                    lkey: s.mr.lkey,
-                }],
-            },
-        )
-    };
-    match o.test {
-        Test::Write => {
-            let (mut scnt, mut rcnt) = (0u64, 0u64);
-            let mut t_send = Instant::now();
-            while scnt < o.iters || rcnt < o.iters {
-                // The server writes first (perftest's run_iter_lat_write).
-                if rcnt < o.iters && (!server || scnt >= 1) {
-                    rcnt += 1;
-                    let want = rcnt as u8;
-                    let t = Instant::now();
-                    loop {
-                        let b = ep.rnic.mr_bytes(s.mr.lkey).expect("registered")[q.off + size - 1];
-                        if b == want {
-                            break;
-                        }
-                        ep.engine.poll(&mut ep.rnic);
-                        if t.elapsed() > deadline {
-                            return Err(format!("write_lat: message {rcnt} never arrived"));
-                        }
-                    }
-                    if !server && scnt > 0 {
-                        lat.push(t_send.elapsed().as_secs_f64() * 1e6 / 2.0);
-                    }
-                }
-                if scnt < o.iters {
-                    scnt += 1;
-                    ep.rnic.mr_bytes_mut(s.mr.lkey).expect("registered")[send_off + size - 1] =
-                        scnt as u8;
-                    t_send = Instant::now();
-                    ep.rnic
-                        .post_send(
-                            q.qpn,
-                            SendWr::new(
-                                0,
-                                WrOpcode::RdmaWrite {
-                                    remote_addr: d.vaddr,
-                                    rkey: d.rkey,
-                                },
-                                vec![Sge {
-                                    addr: send_area,
-                                    length: size as u32,
-                                    lkey: s.mr.lkey,
-                                }],
-                            ),
-                        )
-                        .map_err(verr)?;
-                    wait_wcs(ep, 1, "write_lat send")?;
-                }
-            }
-        }
-        Test::Send => {
-            let (mut scnt, mut rcnt) = (0u64, 0u64);
-            let mut t_send = Instant::now();
-            let send = |ep: &mut Endpoint, t: &mut Instant| -> Result<(), String> {
-                *t = Instant::now();
-                ep.rnic
-                    .post_send(
-                        q.qpn,
-                        SendWr::new(
-                            1,
-                            WrOpcode::Send,
-                            vec![Sge {
-                                addr: send_area,
-                                length: size as u32,
-                                lkey: s.mr.lkey,
-                            }],
-                        ),
-                    )
-                    .map_err(verr)
+    let lat = match o.test {
+        Test::Write | Test::Send => {
+            let (op, first) = match o.test {
+                Test::Write => (PingOp::Write, server),
+                _ => (PingOp::Send, !server),
             };
-            if !server {
-                send(ep, &mut t_send)?;
-                scnt += 1;
-            }
-            // Completions in any order: receives (wr_id 0) and sends (wr_id 1).
-            let mut sends_done = 0u64;
-            let t0 = Instant::now();
-            while rcnt < o.iters || sends_done < scnt {
-                let w = ep.engine.poll(&mut ep.rnic);
-                wcs.clear();
-                if crate::poll_wcs(&mut ep.rnic, s.cq, 4, &mut wcs)? == 0 {
-                    ep.engine.idle(w);
-                    if t0.elapsed() > deadline * 4 {
-                        return Err(format!("send_lat: stalled after {rcnt} messages"));
-                    }
-                    continue;
-                }
-                for wc in wcs.clone() {
-                    if wc.status != WcStatus::Success {
-                        return Err(format!("send_lat: {:?}", wc.status));
-                    }
-                    if wc.wr_id == 1 {
-                        sends_done += 1;
-                        continue;
-                    }
-                    rcnt += 1;
-                    recv(ep).map_err(verr)?;
-                    if !server {
-                        lat.push(t_send.elapsed().as_secs_f64() * 1e6 / 2.0);
-                    }
-                    if scnt < o.iters {
-                        send(ep, &mut t_send)?;
-                        scnt += 1;
-                    }
-                }
-            }
+            let mut pp = PingPong::new(
+                op,
+                q.qpn,
+                s.cq,
+                s.mr.addr,
+                recv,
+                send,
+                (d.vaddr, d.rkey),
+                o.iters,
+                first,
+                !server,
+            );
+            perftest::ping_pong(ep, &mut pp)?;
+            pp.lat
         }
         Test::Read | Test::Atomic { .. } => {
-            for _ in 0..o.iters {
-                let (op, len) = match o.test {
-                    Test::Read => (
-                        WrOpcode::RdmaRead {
-                            remote_addr: d.vaddr,
-                            rkey: d.rkey,
-                        },
-                        size,
-                    ),
-                    Test::Atomic { cmp_swap: false } => (
-                        WrOpcode::AtomicFetchAdd {
-                            remote_addr: d.vaddr,
-                            rkey: d.rkey,
-                            add: 1,
-                        },
-                        8,
-                    ),
-                    _ => (
-                        WrOpcode::AtomicCmpSwap {
-                            remote_addr: d.vaddr,
-                            rkey: d.rkey,
-                            compare: 0,
-                            swap: 0,
-                        },
-                        8,
-                    ),
-                };
-                let t = Instant::now();
-                ep.rnic
-                    .post_send(
-                        q.qpn,
-                        SendWr::new(
-                            0,
-                            op,
-                            vec![Sge {
-                                addr: recv_area,
-                                length: len as u32,
-                                lkey: s.mr.lkey,
-                            }],
-                        ),
-                    )
-                    .map_err(verr)?;
-                wait_wcs(ep, 1, "read/atomic latency")?;
-                lat.push(t.elapsed().as_secs_f64() * 1e6);
+            let (remote_addr, rkey) = (d.vaddr, d.rkey);
+            let (op, len) = match o.test {
+                Test::Read => (WrOpcode::RdmaRead { remote_addr, rkey }, size),
+                Test::Atomic { cmp_swap: false } => (
+                    WrOpcode::AtomicFetchAdd {
+                        remote_addr,
+                        rkey,
+                        add: 1,
+                    },
+                    8,
+                ),
+                _ => (
+                    WrOpcode::AtomicCmpSwap {
+                        remote_addr,
+                        rkey,
+                        compare: 0,
+                        swap: 0,
+                    },
+                    8,
+                ),
+            };
+            let local = Sge {
+                length: len,
+                ..recv
+            };
+            let stall = "read/atomic latency: no completion for 30 s";
+            let wr = |_| SendWr::new(0, op, vec![local]);
+            let (lat, _, first) = perftest::one_at_a_time(ep, q.qpn, s.cq, o.iters, wr, stall)?;
+            if let Some(st) = first {
+                return Err(format!("read/atomic latency: {st:?}"));
             }
+            lat
         }
-    }
+    };
     // Let the last ACK leave before the closing exchange.
     ep.engine
         .run_until(&mut ep.rnic, Duration::from_millis(20), |_| false);
@@ -1927,26 +1724,20 @@ pub(crate) fn run_lat(
         return Ok(None);
     }
     let seconds = start.elapsed().as_secs_f64();
-    let c1 = ep.rnic.counters();
-    lat.sort_by(|a, b| a.total_cmp(b));
-    let n = lat.len() as u64;
-    Ok(Some(Report {
-        test: o.test.name(),
+    let shape = RunShape {
+        test: o.test,
         size: o.size,
-        iters: o.iters,
         qps: 1,
         mtu: mtu.bytes(),
+        iters: o.iters,
+        limit_gbps: 0.0,
+    };
+    let t = Transport::since(&c0, &ep.rnic.counters());
+    Ok(Some(perftest::lat_report(
+        &shape,
+        o.size as u64,
         seconds,
-        bytes: n * o.size as u64,
-        messages: n,
-        packets: (c1.tx_packets - c0.tx_packets) + (c1.rx_packets - c0.rx_packets),
-        gbps: n as f64 * o.size as f64 * 8.0 / seconds / 1e9,
-        mpps: n as f64 / seconds / 1e6,
-        retransmits: c1.retransmits - c0.retransmits,
-        naks: c1.naks_received - c0.naks_received,
-        rnr_naks: c1.rnr_naks_received - c0.rnr_naks_received,
-        timeouts: c1.local_ack_timeouts - c0.local_ack_timeouts,
-        lat_us: lat,
-        ..Default::default()
-    }))
+        lat,
+        t,
+    )))
 }
