@@ -1,6 +1,6 @@
 //! `rocemu perf TEST [options] [SERVER]` (contract: shared/contracts.md): perftest's
 //! benchmarks on RoCEmu.
-use rocemu_emulator::port::wire::Impairments;
+use rocemu_emulator::inproc::Impairments;
 use rocemu_emulator::rnic::Mtu;
 use rocemu_emulator::time::Nanos;
 use rocemu_testbed::perf::{self, Opts, Report, Test};

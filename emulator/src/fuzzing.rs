@@ -2,8 +2,9 @@
 //! (`emulator/tests/fuzz_corpus.rs`): arbitrary frames and verbs calls against an RNIC with a
 //! connected RC QP, a UC QP and a UD QP. Panics are the findings; so is any write outside a
 //! memory region, which is checked with guard regions that nothing may change.
+use crate::connect::{bring_up, ConnectOpts};
+use crate::inproc::{IP_A, IP_B, MAC_A, MAC_B};
 use crate::rnic::*;
-use crate::sim::{bring_up, ConnectOpts, IP_A, IP_B, MAC_A, MAC_B};
 use crate::time::Nanos;
 use rocemu_wire::eth::EthernetRepr;
 use rocemu_wire::frame::{pad_for, IpRepr};

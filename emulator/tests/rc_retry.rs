@@ -4,8 +4,8 @@
 //! fences (10.8.3.3).
 mod common;
 use common::*;
+use rocemu_emulator::inproc::Side::{A, B};
 use rocemu_emulator::rnic::*;
-use rocemu_emulator::sim::Side::{A, B};
 use rocemu_emulator::time::Nanos;
 use rocemu_wire::types::RNR_TIMER_MICROS;
 use rocemu_wire::Opcode as O;

@@ -30,9 +30,9 @@ pub fn poll_wcs(
 
 #[cfg(test)]
 mod tests {
-    use rocemu_emulator::port::wire::Impairments;
+    use rocemu_emulator::connect::ConnectOpts;
+    use rocemu_emulator::inproc::{Impairments, Pair};
     use rocemu_emulator::rnic::*;
-    use rocemu_emulator::sim::{ConnectOpts, Pair};
 
     /// A wait loop on a CQ too small for its completions ends with "CQ overflow: ...", where it
     /// used to wait forever.

@@ -1,10 +1,10 @@
 //! The perf harness behind `rocemu perf`: perftest's bandwidth and latency benchmarks, run on
 //! two RoCEmu RNICs in one process on one engine thread (the in-process datapath), with the
 //! copy-and-CRC "limit" measured just before, so that figures are ratios taken in one run.
-use rocemu_emulator::port::wire::{Impairments, Link};
+use rocemu_emulator::connect::{bring_up, ConnectOpts};
+use rocemu_emulator::inproc::{pattern, Impairments, Link, IP_A, IP_B, MAC_A, MAC_B};
 use rocemu_emulator::rnic::mr::MrInfo;
 use rocemu_emulator::rnic::*;
-use rocemu_emulator::sim::{bring_up, pattern, ConnectOpts, IP_A, IP_B, MAC_A, MAC_B};
 use rocemu_emulator::time::Nanos;
 use rocemu_wire::{Psn, Qpn};
 use serde_json::{json, Value};
