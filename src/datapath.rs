@@ -6,7 +6,7 @@ use rocemu_emulator::port::impair::ImpairedPort;
 use rocemu_emulator::port::Port;
 use rocemu_emulator::rng::Seed;
 use rocemu_emulator::rnic::{Rnic, RnicConfig};
-use rocemu_testbed::remote::Endpoint;
+use rocemu_tools::remote::Endpoint;
 use rocemu_wire::eth::Mac;
 use std::net::IpAddr;
 use std::path::Path;

@@ -4,7 +4,7 @@
 //! [`super::Pair`], [`super::Loopback`], `rocemu demo` and in-process `rocemu perf`.
 //!
 //! Invariants: frames leave a link in order of their delivery time (FIFO when nothing reorders);
-//! a frame is never delivered before `now + delay`; the link applies [`Impairments::judge`] to
+//! a frame is never delivered before `now + delay`; the link applies `Impairments::judge` to
 //! each frame in turn (STYLE.md: turmoil / s2n-quic) and acts on its verdict — pass, drop,
 //! corrupt one bit, deliver twice, or hold back so that later frames overtake it — and counts
 //! what it did in [`LinkStats`].
