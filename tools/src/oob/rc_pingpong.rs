@@ -5,7 +5,6 @@
 //! server moves its QP to RTR and RTS (its `connect` closure) before it answers, and closes
 //! without answering when that fails; the client's `"done\0"` is checked byte for byte.
 //!
-//!
 //! # The exchange (`pp_client_exch_dest` / `pp_server_exch_dest`)
 //!
 //! One message format, [`PingpongDest::to_wire`]: `sprintf("%04x:%06x:%06x:%s", lid, qpn, psn,
@@ -60,7 +59,6 @@
 //! - Output: `  local address:  LID 0x%04x, QPN 0x%06x, PSN 0x%06x, GID %s`, the same with
 //!   `remote address: `, then `%lld bytes in %.2f seconds = %.2f Mbit/sec` (bytes = size × iters
 //!   × 2) and `%d iters in %.2f seconds = %.2f usec/iter`.
-//!
 use super::{
     accept_stream, c_text, check_len, connect_stream, hex_field, malformed, show, MsgStream,
     OobConfig, OobError, OobErrorKind, OobResult, MASK24,

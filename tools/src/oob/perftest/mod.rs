@@ -8,7 +8,6 @@
 //! come in the order each test's `main` does them ([`PerftestXchg::setup_qps`] knows the
 //! order per [`PerftestTest`]); a peer older than 5.70 is refused as perftest refuses it.
 //!
-//!
 //! Plain Ethernet/RoCE socket exchange only (no `-R` / rdma_cm, no `-b` bidirectional, RC).
 //!
 //! # The exchange primitive
@@ -139,7 +138,6 @@
 //!   is passive. `ib_send_lat`: a SEND ping-pong with pre-posted receives.
 //! - Output: the server of write/read/atomic BW tests prints the report it received from the
 //!   client; send_bw's server prints its own receive-side measurement.
-
 use super::{
     c_text, check_len, hex_field, invalid, malformed, show, OobError, OobErrorKind, OobResult,
     MASK24,
