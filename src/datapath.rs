@@ -1,17 +1,17 @@
 //! `--dev`, `--ip`, `--mac`: where an end of `rocemu pingpong` / `rocemu perf` meets the wire.
 use rocemu_emulator::engine::{Engine, IdleStrategy};
+use rocemu_emulator::inproc::Impairments;
 use rocemu_emulator::port::af_packet::{AfPacketOptions, AfPacketPort, KernelGuard};
 use rocemu_emulator::port::impair::ImpairedPort;
-use rocemu_emulator::port::wire::Impairments;
 use rocemu_emulator::port::Port;
 use rocemu_emulator::rng::Seed;
 use rocemu_emulator::rnic::{Rnic, RnicConfig};
-use rocemu_testbed::remote::Endpoint;
+use rocemu_tools::remote::Endpoint;
 use rocemu_wire::eth::Mac;
 use std::net::IpAddr;
 use std::path::Path;
 
-/// Seeded impairments of frames, per frame and direction: on the in-process wire, or on this
+/// Seeded impairments of frames, per frame and direction: on the in-process link, or on this
 /// end's side of a real datapath.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ImpairArgs {

@@ -13,8 +13,8 @@ pub struct Args {
 }
 
 pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
-    let rows = rocemu_testbed::demo::run(a.seed, a.pcap.as_deref())?;
-    print!("{}", rocemu_testbed::demo::table(&rows));
+    let rows = rocemu_tools::demo::run(a.seed, a.pcap.as_deref())?;
+    print!("{}", rocemu_tools::demo::table(&rows));
     let failed = rows.iter().filter(|r| !r.ok).count();
     if let Some(p) = &a.pcap {
         println!("frames written to {}", p.display());

@@ -1,9 +1,9 @@
 //! `rocemu perf TEST [options] [SERVER]` (contract: shared/contracts.md): perftest's
 //! benchmarks on RoCEmu.
-use rocemu_emulator::port::wire::Impairments;
+use rocemu_emulator::inproc::Impairments;
 use rocemu_emulator::rnic::Mtu;
 use rocemu_emulator::time::Nanos;
-use rocemu_testbed::perf::{self, Opts, Report, Test};
+use rocemu_tools::perf::{self, Opts, Report, Test};
 use std::process::ExitCode;
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -282,7 +282,7 @@ fn run_remote(
         a.imp.seed,
     )?;
     let tx_depth = a.tx_depth.min(iters as usize).max(1);
-    let o = rocemu_testbed::remote::PerfOpts {
+    let o = rocemu_tools::remote::PerfOpts {
         test,
         server: a.server.clone(),
         port: a.port,
@@ -305,7 +305,7 @@ fn run_remote(
     if a.serve != 1 {
         let runs = (a.serve != 0).then_some(a.serve);
         let mut bad = 0u64;
-        let failed = rocemu_testbed::remote::perf_serve(&mut d.ep, &o, runs, |n, out| {
+        let failed = rocemu_tools::remote::perf_serve(&mut d.ep, &o, runs, |n, out| {
             let ok = match out {
                 Ok(out) => print_outcome(a, test, &port, &o, out),
                 Err(e) => {
@@ -325,7 +325,7 @@ fn run_remote(
             ExitCode::FAILURE
         });
     }
-    let out = rocemu_testbed::remote::perf(&mut d.ep, &o);
+    let out = rocemu_tools::remote::perf(&mut d.ep, &o);
     d.ep.engine.finish_recording()?;
     let out = out?;
     Ok(if print_outcome(a, test, &port, &o, &out) {
@@ -340,8 +340,8 @@ fn print_outcome(
     a: &Args,
     test: Test,
     port: &str,
-    o: &rocemu_testbed::remote::PerfOpts,
-    out: &rocemu_testbed::remote::PerfOutcome,
+    o: &rocemu_tools::remote::PerfOpts,
+    out: &rocemu_tools::remote::PerfOutcome,
 ) -> bool {
     let rule = RULE;
     print_header(

@@ -1,7 +1,7 @@
 //! `rocemu pingpong` (contract: shared/contracts.md): `ibv_rc_pingpong`, on RoCEmu.
 use crate::datapath;
 use rocemu_emulator::rnic::Mtu;
-use rocemu_testbed::remote::{self, ImmOp, PingpongOpts};
+use rocemu_tools::remote::{self, ImmOp, PingpongOpts};
 use std::process::ExitCode;
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]

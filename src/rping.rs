@@ -1,6 +1,6 @@
 //! `rocemu rping`: librdmacm's `rping` on RoCEmu (connection through the IB CM over QP1).
 use crate::datapath;
-use rocemu_testbed::rping::{self, RpingOpts};
+use rocemu_tools::rping::{self, RpingOpts};
 use std::process::ExitCode;
 
 #[derive(clap::Args, Debug)]

@@ -14,7 +14,7 @@
 #![allow(unsafe_code)]
 use rocemu_emulator::rng::Rng;
 use rocemu_testbed::netns::VethPair;
-use rocemu_testbed::oob::{OobConfig, PerftestConn, PerftestDest, PerftestXchg, SysData};
+use rocemu_tools::oob::{OobConfig, PerftestConn, PerftestDest, PerftestXchg, SysData};
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};

@@ -1,12 +1,13 @@
-//! The verbs API from an application's side: two devices on the in-process wire, an RC
+//! The verbs API from an application's side: two devices on an in-process cable, an RC
 //! connection set up with synchronous verbs, then a SEND, an RDMA WRITE with immediate and a
 //! FETCH_ADD whose completions are awaited on tokio.
 //!
 //! `cargo run --release -p rocemu-emulator --example async_verbs`
-use rocemu_emulator::api::{Device, Loopback};
+use rocemu_emulator::api::Device;
+use rocemu_emulator::connect::{bring_up, ConnectOpts};
+use rocemu_emulator::inproc::{Loopback, IP_A, IP_B};
 use rocemu_emulator::rnic::mr::MrInfo;
 use rocemu_emulator::rnic::*;
-use rocemu_emulator::sim::{bring_up, ConnectOpts, IP_A, IP_B};
 use rocemu_wire::Qpn;
 
 struct End {

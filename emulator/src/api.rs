@@ -3,12 +3,13 @@
 //! completions for tokio.
 //!
 //! The sans-IO core ([`Rnic`]) does not move by itself: an engine moves its frames and serves its
-//! timers. [`Loopback`] is the in-process engine: two devices joined by the in-process wire,
-//! driven in real time by one thread (the real datapaths bind a device to a port the same way).
+//! timers. [`crate::inproc::Loopback`] is the in-process engine: two devices joined by an
+//! in-process cable, driven in real time by one thread (the real datapaths bind a device to a
+//! port the same way).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! use rocemu_emulator::api::Loopback;
+//! use rocemu_emulator::inproc::Loopback;
 //! use rocemu_emulator::rnic::*;
 //! let lo = Loopback::start(1, Default::default());
 //! let pd = lo.a.alloc_pd();
@@ -18,15 +19,10 @@
 //! assert_eq!(wc.status, WcStatus::Success);
 //! # let _ = pd; Ok(()) }
 //! ```
-use crate::port::wire::{Impairments, Wire};
 use crate::rnic::mr::MrInfo;
 use crate::rnic::*;
-use crate::sim::{IP_A, IP_B, MAC_A, MAC_B};
-use crate::time::Nanos;
 use rocemu_wire::Qpn;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
 struct Shared {
@@ -57,7 +53,7 @@ impl Device {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Rnic> {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Rnic> {
         // A panic while holding the lock leaves the RNIC as it was between two verbs.
         self.shared.rnic.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -169,100 +165,5 @@ impl Device {
 
     pub(crate) fn wake(&self) {
         self.shared.progress.notify_waiters();
-    }
-}
-
-/// Two devices (10.0.0.1 and 10.0.0.2) joined by the in-process wire, driven by an engine
-/// thread in real time until dropped.
-#[derive(Debug)]
-pub struct Loopback {
-    pub a: Device,
-    pub b: Device,
-    stop: Arc<AtomicBool>,
-    engine: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Loopback {
-    /// Starts the engine. `imp` impairs both directions (deterministic from `seed`).
-    pub fn start(seed: u64, imp: Impairments) -> Loopback {
-        let mut ra = Rnic::new(RnicConfig::new(MAC_A, IP_A, seed.wrapping_mul(3) | 1));
-        let mut rb = Rnic::new(RnicConfig::new(MAC_B, IP_B, seed.wrapping_mul(5) | 2));
-        ra.set_neighbor(IP_B, MAC_B);
-        rb.set_neighbor(IP_A, MAC_A);
-        let (a, b) = (Device::new(ra), Device::new(rb));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (ea, eb, st) = (a.clone(), b.clone(), stop.clone());
-        let engine = std::thread::Builder::new()
-            .name("rocemu-engine".into())
-            .spawn(move || engine(ea, eb, Wire::new(imp, seed), st))
-            .expect("spawn the engine thread");
-        Loopback {
-            a,
-            b,
-            stop,
-            engine: Some(engine),
-        }
-    }
-}
-
-impl Drop for Loopback {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.engine.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-/// The engine: run to completion in bursts, back off when idle.
-fn engine(a: Device, b: Device, mut wire: Wire, stop: Arc<AtomicBool>) {
-    let start = Instant::now();
-    let mut buf = vec![0u8; 10_000];
-    let mut idle = 0u32;
-    while !stop.load(Ordering::Relaxed) {
-        let now = Nanos(start.elapsed().as_nanos() as u64);
-        let mut moved = 0;
-        {
-            let mut ra = a.lock();
-            let mut rb = b.lock();
-            for (tx, link) in [(&mut *ra, &mut wire.ab), (&mut *rb, &mut wire.ba)] {
-                for _ in 0..32 {
-                    let Some(n) = tx.poll_transmit(now, &mut buf) else {
-                        break;
-                    };
-                    let mut f = link.buffer();
-                    f.extend_from_slice(&buf[..n]);
-                    link.send(now, f);
-                    moved += 1;
-                }
-            }
-            for (rx, link) in [(&mut *rb, &mut wire.ab), (&mut *ra, &mut wire.ba)] {
-                for _ in 0..32 {
-                    let Some(mut f) = link.recv(now) else { break };
-                    rx.handle_frame_mut(now, &mut f);
-                    link.recycle(f);
-                    moved += 1;
-                }
-            }
-            for r in [&mut *ra, &mut *rb] {
-                if r.poll_timeout().is_some_and(|t| t <= now) {
-                    r.handle_timeout(now);
-                    moved += 1;
-                }
-            }
-        }
-        if moved > 0 {
-            a.wake();
-            b.wake();
-            idle = 0;
-        } else {
-            // Back off when idle: spin a little, then yield, then sleep briefly.
-            idle = idle.saturating_add(1);
-            if idle > 1000 {
-                std::thread::sleep(Duration::from_micros(50));
-            } else if idle > 100 {
-                std::thread::yield_now();
-            }
-        }
     }
 }

@@ -5,9 +5,10 @@
 //!
 //! Built only with the `fuzzing` feature: fuzz/ turns it on, and so do this crate's own tests
 //! (through its dev-dependency on itself); a plain build of the library leaves it out.
+use crate::connect::{bring_up, ConnectOpts};
+use crate::inproc::{IP_A, IP_B, MAC_A, MAC_B};
 use crate::rnic::mr::MrInfo;
 use crate::rnic::*;
-use crate::sim::{bring_up, ConnectOpts, IP_A, IP_B, MAC_A, MAC_B};
 use crate::time::Nanos;
 use rocemu_wire::eth::EthernetRepr;
 use rocemu_wire::frame::{pad_for, IpRepr};

@@ -6,22 +6,27 @@
 //!   and are served by [`rnic::Rnic::handle_timeout`]. Randomness (keys, QPNs, initial PSNs)
 //!   comes from the seed given at creation through a ChaCha20 generator ([`rng::KeyRng`]):
 //!   a `u64` seed replays a run, a seed from the OS makes the keys unguessable in deployment.
-//! * [`port`] moves whole Ethernet frames: the in-process wire with a virtual clock and seeded
-//!   impairments lives here.
+//! * [`port`] moves whole Ethernet frames between an RNIC and a datapath (AF_PACKET, an
+//!   in-memory pipe, seeded impairments on any port); [`engine`] binds an RNIC to a port.
+//! * [`inproc`] joins RNICs in one process: the link and its impairments, the virtual-time
+//!   [`inproc::Pair`], the real-time [`inproc::Loopback`].
+//! * [`connect`] brings a QP to RTS as the tools do ([`connect::bring_up`]).
+//! * [`api`] is the shareable [`api::Device`] for applications; [`cm`] the IB CM over QP1.
 // Unsafe code only where a kernel interface demands it (`port::af_packet`); the core forbids it.
 #![deny(unsafe_code)]
 
 pub mod api;
 pub mod cm;
+pub mod connect;
 pub mod engine;
 // The fuzz targets' bodies: only with the `fuzzing` feature (fuzz/, and the corpus tests).
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod inproc;
 pub mod port;
 pub mod rng;
 pub mod rnic;
-pub mod sim;
 pub mod time;
 
 pub use rnic::Rnic;

@@ -7,9 +7,10 @@
 //!   operating system ([`Seed::from_os`], `getrandom`); the simulator, the tests and `--seed`
 //!   replays give a `u64` ([`Seed::from_u64`]) and get the same keys every run.
 //! * [`Rng`] (xoshiro256**, seeded through SplitMix64) is a fast generator for what is not a
-//!   secret: the wire impairments (loss, reorder, duplicate, corrupt). Its state is a linear
-//!   function of its outputs, so a peer that sees a few of them can predict the rest (ReDMArk,
-//!   USENIX Security 2021, showed what predictable R_Keys and PSNs cost): never draw keys from it.
+//!   secret: the link and port impairments (loss, reorder, duplicate, corrupt). Its state is a
+//!   linear function of its outputs, so a peer that sees a few of them can predict the rest
+//!   (ReDMArk, USENIX Security 2021, showed what predictable R_Keys and PSNs cost): never draw
+//!   keys from it.
 use rand_chacha::ChaCha20Rng;
 use rand_core::{Rng as _, SeedableRng};
 
@@ -97,7 +98,7 @@ impl KeyRng {
     }
 }
 
-/// The fast generator for wire impairments: not for secrets (see the module comment).
+/// The fast generator for link and port impairments: not for secrets (see the module comment).
 #[derive(Debug, Clone)]
 pub struct Rng {
     s: [u64; 4],

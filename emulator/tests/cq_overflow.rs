@@ -2,11 +2,10 @@
 //! fails; the responder then moves its QP to ERR), the CQ goes to error, the asynchronous event
 //! `IBV_EVENT_CQ_ERR` comes, the QPs on it go to ERR (`IBV_EVENT_QP_FATAL`), and polling it
 //! reports the error instead of waiting forever.
-use rocemu_emulator::api::Loopback;
-use rocemu_emulator::port::wire::Impairments;
+use rocemu_emulator::connect::{bring_up, ConnectOpts};
+use rocemu_emulator::inproc::{Impairments, Loopback, Pair, Side, IP_A, IP_B};
 use rocemu_emulator::rnic::mr::MrInfo;
 use rocemu_emulator::rnic::*;
-use rocemu_emulator::sim::{bring_up, ConnectOpts, Pair, Side, IP_A, IP_B};
 use rocemu_wire::Qpn;
 use std::time::Duration;
 

@@ -4,9 +4,9 @@
 //! IB_WC_LOC_PROT_ERR), and no packet whose payload could not be gathered goes on the wire.
 mod common;
 use common::*;
+use rocemu_emulator::inproc::Side::{A, B};
 use rocemu_emulator::rnic::mr::MrInfo;
 use rocemu_emulator::rnic::*;
-use rocemu_emulator::sim::Side::{A, B};
 use rocemu_wire::Opcode as O;
 
 const PSN_A: u32 = 0x123;
@@ -22,7 +22,7 @@ fn bed256() -> Bed {
 }
 
 /// A second region on side `s`, filled with `fill`, that the test deregisters.
-fn extra_mr(t: &mut Bed, s: rocemu_emulator::sim::Side, len: usize, fill: u8) -> MrInfo {
+fn extra_mr(t: &mut Bed, s: rocemu_emulator::inproc::Side, len: usize, fill: u8) -> MrInfo {
     let pd = t.end(s).pd;
     let mr = t.p.rnic(s).reg_mr(pd, len, Access::ALL).unwrap();
     t.p.rnic(s).mr_bytes_mut(mr.lkey).unwrap().fill(fill);
@@ -249,11 +249,11 @@ fn receive_into_a_deregistered_region(qp_type: QpType) -> Vec<Wc> {
     if qp_type == QpType::Ud {
         w.ud = Some(UdDest {
             ah: AhAttr {
-                dgid: Gid::from_ip(rocemu_emulator::sim::IP_B),
+                dgid: Gid::from_ip(rocemu_emulator::inproc::IP_B),
                 ..Default::default()
             },
             remote_qpn: qp,
-            remote_qkey: rocemu_emulator::sim::ConnectOpts::default().qkey,
+            remote_qkey: rocemu_emulator::connect::ConnectOpts::default().qkey,
         });
     }
     t.post_send(A, w);

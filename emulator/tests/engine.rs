@@ -2,11 +2,12 @@
 //! with a shared `Device`, RC traffic between a polled engine and a threaded one, and a storm of
 //! garbage and made-up ARP senders that the engine must shrug off.
 use rocemu_emulator::api::Device;
+use rocemu_emulator::connect::{bring_up, ConnectOpts};
 use rocemu_emulator::engine::{Engine, Neighbors};
+use rocemu_emulator::inproc::pattern;
 use rocemu_emulator::port::pipe::pipe;
 use rocemu_emulator::port::Port;
 use rocemu_emulator::rnic::*;
-use rocemu_emulator::sim::{bring_up, pattern, ConnectOpts};
 use rocemu_wire::arp::{self, ArpRepr};
 use rocemu_wire::eth::Mac;
 use rocemu_wire::Psn;

@@ -1,8 +1,7 @@
 //! QP1, the general services interface (IBTA 13.5.1): where the IB CM's MADs arrive for rdma_cm.
-use rocemu_emulator::port::wire::Impairments;
+use rocemu_emulator::inproc::{Impairments, Pair, Side, IP_B, MAC_B};
 use rocemu_emulator::rnic::mr::MrInfo;
 use rocemu_emulator::rnic::*;
-use rocemu_emulator::sim::{Pair, Side, IP_B, MAC_B};
 use rocemu_wire::{QKey, Qpn};
 
 fn gsi(r: &mut Rnic) -> (Qpn, CqId, MrInfo) {

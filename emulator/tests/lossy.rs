@@ -4,10 +4,10 @@
 //! successes, then one error, then flushes. Replay a failure with PROPTEST seeds printed on
 //! failure.
 use proptest::prelude::*;
-use rocemu_emulator::port::wire::Impairments;
+use rocemu_emulator::connect::ConnectOpts;
+use rocemu_emulator::inproc::{pattern, Impairments, Pair};
 use rocemu_emulator::rnic::mr::MrInfo;
 use rocemu_emulator::rnic::*;
-use rocemu_emulator::sim::{pattern, ConnectOpts, Pair};
 use rocemu_emulator::time::Nanos;
 use rocemu_wire::Qpn;
 

@@ -3,8 +3,8 @@
 //! wrap, on RC and UC.
 mod common;
 use common::*;
+use rocemu_emulator::inproc::Side::{A, B};
 use rocemu_emulator::rnic::*;
-use rocemu_emulator::sim::Side::{A, B};
 use rocemu_wire::Opcode as O;
 
 const TOP: u32 = (1 << 24) - 2; // 0xfffffe

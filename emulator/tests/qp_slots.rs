@@ -1,9 +1,9 @@
 //! A long-running process creates and destroys QPs for days: the RNIC's QP table and neighbour
 //! table stay bounded, a reused slot gets a new QPN, and a packet for a destroyed QP's QPN never
 //! reaches the QP created after it.
-use rocemu_emulator::port::wire::Impairments;
+use rocemu_emulator::connect::{bring_up, ConnectOpts};
+use rocemu_emulator::inproc::{Impairments, Pair, Side, IP_A, IP_B, MAC_A};
 use rocemu_emulator::rnic::*;
-use rocemu_emulator::sim::{bring_up, ConnectOpts, Pair, Side, IP_A, IP_B, MAC_A};
 use rocemu_wire::Qpn;
 use std::collections::HashSet;
 use std::net::IpAddr;

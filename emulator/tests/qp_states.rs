@@ -3,8 +3,9 @@
 //! transitions and masks are refused and leave the QP as it was, SQD drains, SQE on UD/UC.
 mod common;
 use common::*;
+use rocemu_emulator::connect::{bring_up, ConnectOpts};
+use rocemu_emulator::inproc::{Side::A, Side::B, IP_A, IP_B};
 use rocemu_emulator::rnic::*;
-use rocemu_emulator::sim::{bring_up, ConnectOpts, Side::A, Side::B, IP_A, IP_B};
 use rocemu_wire::{Psn, Qpn};
 
 fn fresh_qp(r: &mut Rnic, t: QpType) -> (Qpn, CqId, PdId) {
@@ -49,7 +50,7 @@ fn rtr_attr() -> (QpAttr, QpAttrMask) {
         rq_psn: Psn::new(5),
         max_dest_rd_atomic: 1,
         min_rnr_timer: 12,
-        ah_attr: AhAttr::to(IP_B, rocemu_emulator::sim::MAC_B),
+        ah_attr: AhAttr::to(IP_B, rocemu_emulator::inproc::MAC_B),
         ..Default::default()
     };
     let m = QpAttrMask::STATE
@@ -237,7 +238,7 @@ fn invalid_transitions_and_masks_are_refused_and_change_nothing() {
     big.path_mtu = Mtu::M4096;
     let mut small_nic = Rnic::new(RnicConfig {
         eth_mtu: 1500,
-        ..RnicConfig::new(rocemu_emulator::sim::MAC_A, IP_A, 9)
+        ..RnicConfig::new(rocemu_emulator::inproc::MAC_A, IP_A, 9)
     });
     let (q2, _, _) = fresh_qp(&mut small_nic, QpType::Rc);
     small_nic.modify_qp(q2, &init_attr(), INIT_MASK).unwrap();
@@ -353,8 +354,7 @@ fn reset_clears_the_qp_and_it_can_be_connected_again() {
 #[test]
 fn rtr_responds_but_does_not_send() {
     // A QP in RTR receives and acknowledges (IBTA 10.3.1.3) but its send queue is closed.
-    let mut p =
-        rocemu_emulator::sim::Pair::new(3, rocemu_emulator::port::wire::Impairments::none());
+    let mut p = rocemu_emulator::inproc::Pair::new(3, rocemu_emulator::inproc::Impairments::none());
     let cfg = BedCfg::new(QpType::Rc);
     let a = end(&mut p.a, QpType::Rc, false, cfg.cap);
     let b = end(&mut p.b, QpType::Rc, false, cfg.cap);
@@ -365,7 +365,7 @@ fn rtr_responds_but_does_not_send() {
     let (mut ra, m) = rtr_attr();
     ra.dest_qp_num = a.qp;
     ra.rq_psn = o.psn_a;
-    ra.ah_attr = AhAttr::to(IP_A, rocemu_emulator::sim::MAC_A);
+    ra.ah_attr = AhAttr::to(IP_A, rocemu_emulator::inproc::MAC_A);
     p.b.modify_qp(b.qp, &ra, m).unwrap();
     p.b.post_recv(
         b.qp,
@@ -423,7 +423,7 @@ fn ud_send_error_enters_sqe_and_rts_recovers() {
     // resumes sending.
     let mut t = BedCfg::new(QpType::Ud).build();
     let dest = UdDest {
-        ah: AhAttr::to(IP_B, rocemu_emulator::sim::MAC_B),
+        ah: AhAttr::to(IP_B, rocemu_emulator::inproc::MAC_B),
         remote_qpn: t.b.qp,
         remote_qkey: rocemu_wire::QKey(0x1111_1111),
     };
@@ -444,7 +444,7 @@ fn ud_send_error_enters_sqe_and_rts_recovers() {
     t.post_recv(A, 9, 0, 100);
     let mut back = wr(3, WrOpcode::Send, vec![t.sge(B, 0, 8)]);
     back.ud = Some(UdDest {
-        ah: AhAttr::to(IP_A, rocemu_emulator::sim::MAC_A),
+        ah: AhAttr::to(IP_A, rocemu_emulator::inproc::MAC_A),
         remote_qpn: t.a.qp,
         remote_qkey: rocemu_wire::QKey(0x1111_1111),
     });

@@ -1,8 +1,8 @@
 //! RC over a clean wire: every opcode, multi-MTU, exact completions.
 mod common;
 use common::*;
+use rocemu_emulator::inproc::Side::{A, B};
 use rocemu_emulator::rnic::*;
-use rocemu_emulator::sim::Side::{A, B};
 
 fn pattern(n: usize, seed: u8) -> Vec<u8> {
     (0..n)

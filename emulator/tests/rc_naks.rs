@@ -5,8 +5,8 @@
 //! responder QP goes to ERR as in rxe, the requester completes in error and goes to ERR).
 mod common;
 use common::*;
+use rocemu_emulator::inproc::Side::{A, B};
 use rocemu_emulator::rnic::*;
-use rocemu_emulator::sim::Side::{A, B};
 use rocemu_wire::{BthRepr, ExtHeaders, Opcode as O, Psn, RKey, RethRepr};
 
 const PSN_A: u32 = 0x123;

@@ -4,8 +4,8 @@
 //! SGEs on both sides, inline data, unsignaled WRs and sq_sig_all.
 mod common;
 use common::*;
+use rocemu_emulator::inproc::Side::{A, B};
 use rocemu_emulator::rnic::*;
-use rocemu_emulator::sim::Side::{A, B};
 use rocemu_wire::frame::pad_for;
 use rocemu_wire::Opcode as O;
 

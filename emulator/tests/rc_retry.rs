@@ -4,8 +4,8 @@
 //! fences (10.8.3.3).
 mod common;
 use common::*;
+use rocemu_emulator::inproc::Side::{A, B};
 use rocemu_emulator::rnic::*;
-use rocemu_emulator::sim::Side::{A, B};
 use rocemu_emulator::time::Nanos;
 use rocemu_wire::types::RNR_TIMER_MICROS;
 use rocemu_wire::Opcode as O;
@@ -834,7 +834,7 @@ fn fence_waits_for_outstanding_reads() {
 
 #[test]
 fn pair_drive_serves_a_retransmission_at_its_timer() {
-    // sim.rs `Pair::step` reports progress only when a frame moved; a timer that fires inside
+    // inproc::Pair::step reports progress only when a frame moved; a timer that fires inside
     // it and queues a retransmission for `now` is then skipped over: `drive_until` jumps the
     // clock to the next deadline (here the 67 ms ACK timer instead of the 1.28 ms RNR wait).
     let mut t = rnr_bed(14, 3);

@@ -6,8 +6,8 @@
 //! response slots is dropped and counted.
 mod common;
 use common::*;
+use rocemu_emulator::inproc::Side::{A, B};
 use rocemu_emulator::rnic::*;
-use rocemu_emulator::sim::Side::{A, B};
 use rocemu_wire::{Opcode as O, Psn};
 
 const PSN_A: u32 = 0x123;

@@ -3,9 +3,11 @@
 //! GRH area, src_qp, one-packet messages), with exact packets and completions.
 mod common;
 use common::*;
+use rocemu_emulator::inproc::{
+    Side::{A, B},
+    IP_A, IP_B, MAC_A, MAC_B,
+};
 use rocemu_emulator::rnic::*;
-use rocemu_emulator::sim::Side::{A, B};
-use rocemu_emulator::sim::{IP_A, IP_B, MAC_A, MAC_B};
 use rocemu_wire::{Opcode as O, QKey};
 
 const PSN_A: u32 = 0x123;

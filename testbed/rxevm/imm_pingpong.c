@@ -3,7 +3,7 @@
  * data, checked by the receiver. rdma-core 44 and perftest 4.5 (Debian 12) have no tool that
  * sends immediates, so RoCEmu's interop tests against rdma_rxe ship this one in the rxe guest
  * (testbed/rxevm/build-guest.sh compiles it); RoCEmu's side is `rocemu pingpong --imm`
- * (testbed/src/remote.rs). Written for RoCEmu from the verbs API; no rdma-core code.
+ * (tools/src/remote.rs). Written for RoCEmu from the verbs API; no rdma-core code.
  *
  * Usage: imm_pingpong [options] [server]      (without a server name this end is the server)
  *   -p, --port PORT          TCP port of the exchange (18515)

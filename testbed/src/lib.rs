@@ -1,87 +1,15 @@
-//! The testbed: `rocemu demo` (every verb over the in-process wire, then RC over a lossy one),
-//! the perf harness behind `rocemu perf` (perftest's benchmarks on RoCEmu), and the rdma_rxe
-//! peer VMs for interop tests (`rxevm`).
+//! RoCEmu's test beds: where the tools and the conformance suite meet other network stacks.
+//!
+//! * [`netns`]: network namespaces and veth pairs (the AF_PACKET and DPDK tests, the netns
+//!   matrix).
+//! * [`rxevm`]: the `rdma_rxe` VM lab — TCG VMs running Linux's soft RoCE behind a bridge in a
+//!   private namespace (`rocemu rxevm up|down|exec`; guest recipe and C peers in `rxevm/`).
+//!
+//! Invariants: a test bed creates only namespaces, interfaces and VMs of its own and removes
+//! them when dropped (also while a failing test unwinds); nothing here carries RoCE itself — the
+//! RNIC is `rocemu-emulator`'s and the programs that use it are `rocemu-tools`'.
 // Unsafe only where the kernel demands it (`netns`: setns).
 #![deny(unsafe_code)]
 
-pub mod demo;
-pub mod forge_cm;
 pub mod netns;
-pub mod oob;
-pub mod perf;
-pub(crate) mod perftest;
-pub mod perftest_cm;
-pub mod rdmacm;
-pub mod remote;
-pub mod rping;
 pub mod rxevm;
-
-/// `ibv_poll_cq` for the tools' wait loops: appends up to `max` completions to `out`, and fails
-/// with "CQ overflow: ..." once the CQ is in error (it was full when a completion came: what the
-/// loop waits for will never arrive), so that a tool ends with that message instead of waiting
-/// forever.
-pub fn poll_wcs(
-    r: &mut rocemu_emulator::Rnic,
-    cq: rocemu_emulator::rnic::CqId,
-    max: usize,
-    out: &mut Vec<rocemu_emulator::rnic::Wc>,
-) -> Result<usize, String> {
-    r.try_poll_cq(cq, max, out).map_err(|e| e.to_string())
-}
-
-#[cfg(test)]
-mod tests {
-    use rocemu_emulator::port::wire::Impairments;
-    use rocemu_emulator::rnic::*;
-    use rocemu_emulator::sim::{ConnectOpts, Pair};
-
-    /// A wait loop on a CQ too small for its completions ends with "CQ overflow: ...", where it
-    /// used to wait forever.
-    #[test]
-    fn a_tool_waiting_on_an_overflowed_cq_ends_with_a_clear_error() {
-        let mut p = Pair::new(4, Impairments::none());
-        let pda = p.a.alloc_pd();
-        let pdb = p.b.alloc_pd();
-        let cqa = p.a.create_cq(4).unwrap();
-        let cqb = p.b.create_cq(4).unwrap();
-        let qa =
-            p.a.create_qp(pda, QpInitAttr::new(QpType::Rc, cqa))
-                .unwrap();
-        let qb =
-            p.b.create_qp(pdb, QpInitAttr::new(QpType::Rc, cqb))
-                .unwrap();
-        let ma = p.a.reg_mr(pda, 4096, Access::ALL).unwrap();
-        let mb = p.b.reg_mr(pdb, 4096, Access::ALL).unwrap();
-        p.connect(qa, qb, &ConnectOpts::default()).unwrap();
-        for i in 0..10 {
-            let sge = Sge {
-                addr: ma.addr,
-                length: 8,
-                lkey: ma.lkey,
-            };
-            let op = WrOpcode::RdmaWrite {
-                remote_addr: mb.addr,
-                rkey: mb.rkey,
-            };
-            p.a.post_send(qa, SendWr::new(i, op, vec![sge])).unwrap();
-        }
-        // The tools' loop: drive, poll, until 10 completions or an error.
-        let mut wcs = Vec::new();
-        let r = (|| -> Result<(), String> {
-            for _ in 0..10_000 {
-                p.step();
-                if let Some(t) = p.next_event() {
-                    p.now = p.now.max(t);
-                }
-                super::poll_wcs(&mut p.a, cqa, 16, &mut wcs)?;
-                if wcs.len() >= 10 {
-                    return Ok(());
-                }
-            }
-            Err("still waiting".into())
-        })();
-        let e = r.unwrap_err();
-        assert!(e.starts_with("CQ overflow: CQ "), "{e}");
-        assert_eq!(wcs.len(), 4);
-    }
-}

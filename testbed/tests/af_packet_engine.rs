@@ -2,11 +2,12 @@
 //! resolution both ways (one side shares the kernel's address, the other has an address the
 //! kernel does not know, so only RoCEmu can answer for it), then RC WRITE, READ, SEND and
 //! FETCH_ADD across the kernel's veth, every byte checked. Needs root (scripts/test runs as root).
+use rocemu_emulator::connect::{bring_up, ConnectOpts};
 use rocemu_emulator::engine::Engine;
+use rocemu_emulator::inproc::pattern;
 use rocemu_emulator::port::af_packet::{AfPacketOptions, AfPacketPort, KernelGuard};
 use rocemu_emulator::port::Port;
 use rocemu_emulator::rnic::*;
-use rocemu_emulator::sim::{bring_up, pattern, ConnectOpts};
 use rocemu_testbed::netns::VethPair;
 use rocemu_wire::{Psn, Qpn};
 use std::net::IpAddr;

@@ -21,12 +21,12 @@
 //! `rdma_accept`): the QP goes to RTR and RTS with the REQ's values before the REP leaves.
 use super::{AgentError, AgentResult, CmConn, CmConnState};
 use rocemu_emulator::cm::{CmAgent, CmEvent, ConnParams};
+use rocemu_emulator::connect::{bring_up, ConnectOpts};
 use rocemu_emulator::rnic::mr::MrInfo;
 use rocemu_emulator::rnic::{
     grh_source, Access, AhAttr, CqId, Gid, Mtu, PdId, QpAttr, QpAttrMask, QpCap, QpInitAttr,
     QpState, QpType, RecvWr, Rnic, SendWr, Sge, UdDest, WcStatus, WrOpcode,
 };
-use rocemu_emulator::sim::{bring_up, ConnectOpts};
 use rocemu_emulator::Nanos;
 use rocemu_wire::cm::{CommId, PortSpace, RejReason, ReqRepr, ServiceId, ServiceType};
 use rocemu_wire::mad::MAD_LEN;

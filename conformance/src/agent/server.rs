@@ -3,7 +3,7 @@
 //! The RNIC must keep turning while a client thinks (it answers the peer's frames, its timers
 //! fire), and a DPDK port may only be polled from the thread that opened it. So the thread
 //! that calls [`serve`] owns the [`Backend`] and turns it, and a second thread does the socket
-//! I/O and hands each request over as a job (the shape of `rocemu_testbed::remote::serve`).
+//! I/O and hands each request over as a job (the shape of `rocemu_tools::remote::serve`).
 //! `poll_cq` with a wait is a loop of non-waiting polls on the I/O side, so the RNIC never
 //! blocks. Clients are served one at a time; when one goes away, what it created is reset.
 //! Between jobs the RNIC's thread also turns the agent's rdma_cm service (`cm_listen`), so that

@@ -24,7 +24,7 @@
 //!   (peer, remote comm id) in O(1). What was refused or thrown away is in [`CmCounters`].
 //!
 //! Not yet: MRA, LAP/APR (alternate paths), SIDR, and the time-wait state's stale-connection
-//! checks. `rocemu-testbed`'s `rdmacm` wires it to an engine for `rocemu rping`, `perf -R` and
+//! checks. `rocemu-tools`' `rdmacm` wires it to an engine for `rocemu rping`, `perf -R` and
 //! `pingpong --rdma-cm`; the conformance agent (`rocemu-conformance`, `agent::cm`) to its RNIC.
 use crate::rng::{KeyRng, Seed};
 use crate::time::Nanos;

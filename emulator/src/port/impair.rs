@@ -1,5 +1,5 @@
 //! Seeded impairments on any port: loss, reordering, duplication and corruption of frames in
-//! both directions, on RoCEmu's side of a real datapath (the in-process wire has its own). With
+//! both directions, on RoCEmu's side of a real datapath (the in-process link has its own). With
 //! them, retransmission and the peer's recovery can be exercised against an implementation we did
 //! not write (`rocemu perf --dev … --loss 0.02`).
 //!
@@ -7,7 +7,7 @@
 //! ones; a duplicate goes out again after the original; a corrupted frame has one bit flipped
 //! past the Ethernet header (the receiver's ICRC check must catch it).
 use super::{Port, PortStats};
-use crate::port::wire::Impairments;
+use crate::inproc::Impairments;
 use crate::rng::Rng;
 use rocemu_wire::eth::Mac;
 use std::collections::VecDeque;

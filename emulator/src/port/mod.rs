@@ -1,7 +1,8 @@
 //! Ports move whole Ethernet frames in bursts.
 //!
-//! * [`wire`]: the in-process wire (tests, the simulator, `rocemu demo`, in-process `rocemu perf`).
 //! * `af_packet`: any Linux interface, through a packet socket.
+//! * [`pipe`]: two ports joined in memory (tests of the engine).
+//! * [`impair`]: seeded impairments on any port, for `--loss` and friends over real datapaths.
 //! * DPDK (any PMD) lives in the `rocemu-dpdk` crate (`dpdk-glue/`), behind the cargo feature `dpdk`.
 //!
 //! A port lends its own buffers: received frames are handed out in place (in the mbuf, in the
@@ -11,7 +12,6 @@
 pub mod af_packet;
 pub mod impair;
 pub mod pipe;
-pub mod wire;
 
 use rocemu_wire::eth::Mac;
 use std::fmt;

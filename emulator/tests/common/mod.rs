@@ -5,10 +5,10 @@
 //! assert exact packets (opcode, PSN, AETH syndrome and MSN, RETH, ...) and may drop, duplicate
 //! or replace any frame, or inject a handmade one.
 #![allow(dead_code)]
-use rocemu_emulator::port::wire::Impairments;
+use rocemu_emulator::connect::{bring_up, ConnectOpts};
+use rocemu_emulator::inproc::{Impairments, Pair, Side, IP_A, IP_B, MAC_A, MAC_B};
 use rocemu_emulator::rnic::mr::MrInfo;
 use rocemu_emulator::rnic::*;
-use rocemu_emulator::sim::{bring_up, ConnectOpts, Pair, Side, IP_A, IP_B, MAC_A, MAC_B};
 use rocemu_emulator::time::Nanos;
 use rocemu_wire::eth::EthernetRepr;
 use rocemu_wire::frame::{pad_for, IpRepr};
@@ -326,7 +326,7 @@ impl Bed {
         self.p.a.handle_timeout(now);
         self.p.b.handle_timeout(now);
         // A timer that fired may have queued work for now (a retransmission): that is
-        // progress too, or the clock would jump past it. (sim.rs Pair::step misses this.)
+        // progress too, or the clock would jump past it. (inproc::Pair::step misses this.)
         moved || self.p.a.wants_transmit() || self.p.b.wants_transmit()
     }
 

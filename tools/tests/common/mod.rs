@@ -1,9 +1,9 @@
 //! Two RoCEmu endpoints in one process over an in-memory pipe, for the one-end-per-process code
-//! of `testbed::remote` (pingpong, perf) without root.
+//! of `rocemu_tools::remote` (pingpong, perf) without root.
 use rocemu_emulator::engine::Engine;
 use rocemu_emulator::port::pipe::{pipe, PipePort};
 use rocemu_emulator::rnic::{Rnic, RnicConfig};
-use rocemu_testbed::remote::Endpoint;
+use rocemu_tools::remote::Endpoint;
 use rocemu_wire::eth::Mac;
 use std::net::{IpAddr, Ipv4Addr};
 

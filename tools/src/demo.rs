@@ -1,10 +1,10 @@
-//! `rocemu demo`: two RoCEmu RNICs in one process, joined by the in-process wire. Runs every
-//! verb the RNIC supports, then the same RC traffic over a lossy, reordering, duplicating wire
+//! `rocemu demo`: two RoCEmu RNICs in one process, joined by an in-process cable. Runs every
+//! verb the RNIC supports, then the same RC traffic over a lossy, reordering, duplicating cable
 //! so that retransmission shows; checks every byte and every completion; prints a table.
-use rocemu_emulator::port::wire::{Impairments, Wire};
+use rocemu_emulator::connect::ConnectOpts;
+use rocemu_emulator::inproc::{pattern, Cable, Impairments, Pair, IP_A, IP_B};
 use rocemu_emulator::rnic::mr::MrInfo;
 use rocemu_emulator::rnic::*;
-use rocemu_emulator::sim::{pattern, ConnectOpts, Pair, IP_A, IP_B};
 use rocemu_emulator::time::Nanos;
 use rocemu_wire::{QKey, Qpn};
 
@@ -339,7 +339,8 @@ fn run_ud(ctx: &mut Ctx, count: usize, size: usize) -> Row {
     let mut errs = Vec::new();
     let frames0 = ctx.p.frames;
     for (r, q, ip) in [(&mut ctx.p.a, a.qp, IP_B), (&mut ctx.p.b, b.qp, IP_A)] {
-        if let Err(e) = rocemu_emulator::sim::bring_up(r, q, Qpn::new(0), ip, o.psn_a, o.psn_b, &o)
+        if let Err(e) =
+            rocemu_emulator::connect::bring_up(r, q, Qpn::new(0), ip, o.psn_a, o.psn_b, &o)
         {
             errs.push(e.to_string());
         }
@@ -371,7 +372,7 @@ fn run_ud(ctx: &mut Ctx, count: usize, size: usize) -> Row {
             }],
         );
         w.ud = Some(UdDest {
-            ah: AhAttr::to(IP_B, rocemu_emulator::sim::MAC_B),
+            ah: AhAttr::to(IP_B, rocemu_emulator::inproc::MAC_B),
             remote_qpn: b.qp,
             remote_qkey: QKey(o.qkey.0),
         });
@@ -455,7 +456,7 @@ pub fn run(seed: u64, pcap: Option<&std::path::Path>) -> Result<Vec<Row>, String
         3000,
     ));
     rows.push(run_ud(&mut ctx, 200, 512));
-    // The same RC traffic over a wire that loses, reorders and duplicates 5 % of frames.
+    // The same RC traffic over a cable that loses, reorders and duplicates 5 % of frames.
     let imp = Impairments {
         loss: 0.05,
         reorder: 0.05,
@@ -464,7 +465,7 @@ pub fn run(seed: u64, pcap: Option<&std::path::Path>) -> Result<Vec<Row>, String
         delay: Nanos::from_micros(2),
         reorder_delay: Nanos::from_micros(6),
     };
-    ctx.p.wire = Wire::new(imp, seed ^ 0x10557);
+    ctx.p.cable = Cable::new(imp, seed ^ 0x10557);
     let lossy = run_connected(&mut ctx, QpType::Rc, "RC lossy", &rc_ops, 200, 3000);
     rows.extend(lossy);
     if let Some(c) = ctx.p.capture.take() {

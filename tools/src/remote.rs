@@ -18,10 +18,11 @@ use crate::perf::{measure_limit, Report};
 use crate::perftest::{
     self, BwPlan, BwQp, End, PingOp, PingPong, ReadBack, Receiver, RunShape, RxQp, Transport,
 };
+use rocemu_emulator::connect::{bring_up, ConnectOpts};
 use rocemu_emulator::engine::Engine;
+use rocemu_emulator::inproc::pattern;
 use rocemu_emulator::rnic::mr::MrInfo;
 use rocemu_emulator::rnic::*;
-use rocemu_emulator::sim::{bring_up, pattern, ConnectOpts};
 use rocemu_wire::{Psn, Qpn};
 use std::net::{IpAddr, Ipv6Addr, TcpListener};
 use std::sync::mpsc;

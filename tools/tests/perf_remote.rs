@@ -5,8 +5,8 @@
 mod common;
 
 use rocemu_emulator::rnic::Mtu;
-use rocemu_testbed::perf::Test;
-use rocemu_testbed::remote::{perf, perf_serve, PerfOpts};
+use rocemu_tools::perf::Test;
+use rocemu_tools::remote::{perf, perf_serve, PerfOpts};
 use std::net::TcpListener;
 
 fn free_tcp_port() -> u16 {

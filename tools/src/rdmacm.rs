@@ -740,7 +740,7 @@ fn rc_up(
         .and_then(|b| Mtu::from_bytes(b as usize))
         .filter(|m| m.bytes() <= active.bytes())
         .unwrap_or(active);
-    let o = rocemu_emulator::sim::ConnectOpts {
+    let o = rocemu_emulator::connect::ConnectOpts {
         mtu,
         timeout: me.timeout,
         max_rd_atomic: max_rd_atomic.max(1),
@@ -748,7 +748,7 @@ fn rc_up(
         flow_label: path.flow_label,
         ..Default::default()
     };
-    rocemu_emulator::sim::bring_up(
+    rocemu_emulator::connect::bring_up(
         &mut ep.rnic,
         me.qpn,
         remote_qpn,

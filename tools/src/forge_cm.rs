@@ -2,7 +2,8 @@
 //! `tests/rdma_cm.rs`): REQs, DREQs and REJs from made-up sources, each in a RoCEv2 UD SEND to
 //! the target's QP1 with the GSI Q_Key, headers and ICRC right, so that they reach its CM
 //! rather than being dropped as malformed. What an attacker on the link can send; nothing here
-//! keeps state or waits for an answer.
+//! keeps state or waits for an answer. [`flood`] sends many of them through a port, paced.
+use rocemu_emulator::port::{Port, BURST};
 use rocemu_wire::cm::{
     CmMadRepr, CmMessage, CmPath, CmaHdr, CommId, DreqRepr, Guid, MsgKind, RejReason, RejRepr,
     ReqRepr, ServiceId, ServiceType,
@@ -13,6 +14,7 @@ use rocemu_wire::headers::{DethRepr, ExtHeaders};
 use rocemu_wire::mad::{Tid, MAD_LEN};
 use rocemu_wire::{BthRepr, FrameRepr, Opcode, PKey, Psn, QKey, Qpn, ROCEV2_UDP_PORT};
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::time::{Duration, Instant};
 
 /// What to forge.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -146,6 +148,81 @@ pub fn source(i: u32, salt: u32, v6: bool) -> IpAddr {
         let b = h.to_be_bytes();
         IpAddr::from([10, 200 + b[0] % 55, b[1], b[2].max(1)])
     }
+}
+
+/// A flood of forged MADs: `reqs` REQs, then `dreqs` DREQs, then `rejs` REJs, each from its own
+/// made-up source ([`source`]) and comm id, to `to` (at `to_mac`).
+#[derive(Debug, Clone)]
+pub struct Flood {
+    pub to: IpAddr,
+    pub to_mac: Mac,
+    /// The rdma_cm port the REQs ask for.
+    pub port: u16,
+    pub reqs: u32,
+    pub dreqs: u32,
+    pub rejs: u32,
+    /// Varies the source addresses and ids between runs.
+    pub seed: u32,
+    /// Frames per second at most (0: as fast as the port takes them).
+    pub pps: u64,
+}
+
+/// The source MAC of every forged frame: locally administered, no one's.
+pub const FORGED_MAC: Mac = Mac([0x02, 0x66, 0x6f, 0x72, 0x67, 0x65]);
+
+/// Sends `f` through `port` in bursts, paced to `f.pps`, and flushes it. Fails when the port
+/// takes no frame for 10,000 bursts in a row (about a second).
+pub fn flood(port: &mut dyn Port, f: &Flood) -> Result<(), String> {
+    let v6 = f.to.is_ipv6();
+    let total = u64::from(f.reqs) + u64::from(f.dreqs) + u64::from(f.rejs);
+    let kind = |i: u64| {
+        if i < u64::from(f.reqs) {
+            Forged::Req { port: f.port }
+        } else if i < u64::from(f.reqs) + u64::from(f.dreqs) {
+            Forged::Dreq
+        } else {
+            Forged::Rej
+        }
+    };
+    let t = Instant::now();
+    let (mut next, mut sent, mut stalls) = (0u64, 0u64, 0u32);
+    while sent < total {
+        if let Some(due) = (sent * 1_000_000_000).checked_div(f.pps) {
+            let el = t.elapsed().as_nanos() as u64;
+            if el < due {
+                std::thread::sleep(Duration::from_nanos((due - el).min(1_000_000)));
+                continue;
+            }
+        }
+        let n = port.tx_burst(BURST, &mut |buf| {
+            if next >= total {
+                return None;
+            }
+            let i = next as u32;
+            let src = source(i, f.seed, v6);
+            let id = i.wrapping_mul(2_654_435_761) ^ f.seed | 1;
+            let fr = frame(
+                FORGED_MAC,
+                src,
+                f.to_mac,
+                f.to,
+                &mad(kind(next), src, f.to, id, u64::from(id)),
+            );
+            buf.get_mut(..fr.len())?.copy_from_slice(&fr);
+            next += 1;
+            Some(fr.len())
+        });
+        port.flush();
+        sent = next;
+        if n == 0 {
+            stalls += 1;
+            if stalls > 10_000 {
+                return Err("the socket takes no more frames".into());
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -1,7 +1,12 @@
-//! Two RNICs joined by the in-process wire, driven in virtual time (the quinn `Pair` shape):
-//! frames move, timers fire, and the clock jumps to the next event when nothing else can
-//! happen. Deterministic from its seeds; a stalled run is a bug and fails loudly.
-use crate::port::wire::{Impairments, Wire};
+//! Two RNICs joined by a [`Cable`], driven in virtual time (the quinn `Pair` shape): frames
+//! move, timers fire, and the clock jumps to the next event when nothing else can happen.
+//!
+//! Invariants: deterministic from its seeds (the RNICs' and the cable's); the clock only moves
+//! forward, and only when nothing can move at the current instant; a stalled run is a bug and
+//! fails loudly ([`Pair::drive_until`] returns an error, it never spins).
+use super::impair::Impairments;
+use super::link::Cable;
+use crate::connect::{bring_up, ConnectOpts};
 use crate::rnic::{Rnic, RnicConfig};
 use crate::time::Nanos;
 use rocemu_wire::capture::CaptureWriter;
@@ -15,13 +20,13 @@ pub enum Side {
     B,
 }
 
-/// Two RNICs and the wire between them.
+/// Two RNICs and the cable between them.
 pub struct Pair {
     pub a: Rnic,
     pub b: Rnic,
-    pub wire: Wire,
+    pub cable: Cable,
     pub now: Nanos,
-    /// Every frame put on the wire, as sent (before impairments), for `--pcap`.
+    /// Every frame put on the cable, as sent (before impairments), for `--pcap`.
     pub capture: Option<CaptureWriter<std::io::BufWriter<std::fs::File>>>,
     /// Frames moved since creation.
     pub frames: u64,
@@ -43,7 +48,7 @@ pub const IP_A: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1));
 pub const IP_B: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2));
 
 impl Pair {
-    /// Two RNICs (10.0.0.1 and 10.0.0.2, 9000-byte Ethernet MTU) on a wire with `imp` both ways.
+    /// Two RNICs (10.0.0.1 and 10.0.0.2, 9000-byte Ethernet MTU) on a cable with `imp` both ways.
     pub fn new(seed: u64, imp: Impairments) -> Pair {
         let mut a = Rnic::new(RnicConfig::new(
             MAC_A,
@@ -57,14 +62,14 @@ impl Pair {
         ));
         a.set_neighbor(IP_B, MAC_B);
         b.set_neighbor(IP_A, MAC_A);
-        Pair::with(a, b, Wire::new(imp, seed))
+        Pair::with(a, b, Cable::new(imp, seed))
     }
 
-    pub fn with(a: Rnic, b: Rnic, wire: Wire) -> Pair {
+    pub fn with(a: Rnic, b: Rnic, cable: Cable) -> Pair {
         Pair {
             a,
             b,
-            wire,
+            cable,
             now: Nanos::ZERO,
             capture: None,
             frames: 0,
@@ -87,8 +92,8 @@ impl Pair {
         for side in [Side::A, Side::B] {
             loop {
                 let (rnic, link) = match side {
-                    Side::A => (&mut self.a, &mut self.wire.ab),
-                    Side::B => (&mut self.b, &mut self.wire.ba),
+                    Side::A => (&mut self.a, &mut self.cable.ab),
+                    Side::B => (&mut self.b, &mut self.cable.ba),
                 };
                 let Some(n) = rnic.poll_transmit(now, &mut self.scratch) else {
                     break;
@@ -103,14 +108,14 @@ impl Pair {
                 moved = true;
             }
         }
-        while let Some(mut f) = self.wire.ab.recv(now) {
+        while let Some(mut f) = self.cable.ab.recv(now) {
             self.b.handle_frame_mut(now, &mut f);
-            self.wire.ab.recycle(f);
+            self.cable.ab.recycle(f);
             moved = true;
         }
-        while let Some(mut f) = self.wire.ba.recv(now) {
+        while let Some(mut f) = self.cable.ba.recv(now) {
             self.a.handle_frame_mut(now, &mut f);
-            self.wire.ba.recycle(f);
+            self.cable.ba.recycle(f);
             moved = true;
         }
         self.a.handle_timeout(now);
@@ -122,7 +127,7 @@ impl Pair {
     /// The next time anything is due (a frame or a timer).
     pub fn next_event(&mut self) -> Option<Nanos> {
         [
-            self.wire.next_due(),
+            self.cable.next_due(),
             self.a.poll_timeout(),
             self.b.poll_timeout(),
         ]
@@ -177,119 +182,6 @@ impl Pair {
             self.now
         ))
     }
-}
-
-/// What `connect` sets on both QPs (ibv_rc_pingpong's choices by default).
-#[derive(Debug, Clone, Copy)]
-pub struct ConnectOpts {
-    pub mtu: crate::rnic::Mtu,
-    pub timeout: u8,
-    pub retry_cnt: u8,
-    pub rnr_retry: u8,
-    pub min_rnr_timer: u8,
-    /// Reads and atomics this end keeps in flight as requester (RTS; the initiator depth):
-    /// at most the peer's `max_dest_rd_atomic`.
-    pub max_rd_atomic: u8,
-    /// Reads and atomics this end accepts as responder (RTR; its responder resources, which it
-    /// also keeps for re-executing a duplicate READ): at least the peer's `max_rd_atomic`.
-    pub max_dest_rd_atomic: u8,
-    pub access: crate::rnic::Access,
-    pub psn_a: rocemu_wire::Psn,
-    pub psn_b: rocemu_wire::Psn,
-    pub qkey: rocemu_wire::QKey,
-    /// The path's flow label (0: derived from the QPNs); rdma_cm puts one in the REQ and both
-    /// ends take their UDP source port from it.
-    pub flow_label: u32,
-}
-
-impl Default for ConnectOpts {
-    fn default() -> Self {
-        use crate::rnic::{Access, Mtu};
-        ConnectOpts {
-            mtu: Mtu::M1024,
-            timeout: 14,
-            retry_cnt: 7,
-            rnr_retry: 7,
-            min_rnr_timer: 12,
-            max_rd_atomic: 16,
-            max_dest_rd_atomic: 16,
-            access: Access::LOCAL_WRITE
-                | Access::REMOTE_WRITE
-                | Access::REMOTE_READ
-                | Access::REMOTE_ATOMIC,
-            psn_a: rocemu_wire::Psn::new(0x123),
-            psn_b: rocemu_wire::Psn::new(0xabc),
-            qkey: rocemu_wire::QKey(0x1111_1111),
-            flow_label: 0,
-        }
-    }
-}
-
-/// Moves one QP through INIT, RTR and RTS towards `remote` (at `remote_ip`), the way
-/// `ibv_rc_pingpong` does it.
-pub fn bring_up(
-    rnic: &mut Rnic,
-    qpn: rocemu_wire::Qpn,
-    remote: rocemu_wire::Qpn,
-    remote_ip: IpAddr,
-    my_psn: rocemu_wire::Psn,
-    their_psn: rocemu_wire::Psn,
-    o: &ConnectOpts,
-) -> Result<(), crate::rnic::VerbsError> {
-    use crate::rnic::{AhAttr, Gid, QpAttr, QpAttrMask as M, QpState, QpType};
-    let qp_type = rnic.qp_type(qpn)?;
-    let mut a = QpAttr {
-        qp_state: QpState::Init,
-        pkey_index: 0,
-        port_num: 1,
-        qp_access_flags: o.access,
-        qkey: o.qkey,
-        ..Default::default()
-    };
-    let m = match qp_type {
-        QpType::Ud => M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY,
-        _ => M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS,
-    };
-    rnic.modify_qp(qpn, &a, m)?;
-    a.qp_state = QpState::Rtr;
-    a.path_mtu = o.mtu;
-    a.dest_qp_num = remote;
-    a.rq_psn = their_psn;
-    a.max_dest_rd_atomic = o.max_dest_rd_atomic;
-    a.min_rnr_timer = o.min_rnr_timer;
-    a.ah_attr = AhAttr {
-        dgid: Gid::from_ip(remote_ip),
-        hop_limit: 64,
-        flow_label: o.flow_label,
-        ..Default::default()
-    };
-    let m = match qp_type {
-        QpType::Ud => M::STATE,
-        QpType::Uc => M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN,
-        QpType::Rc => {
-            M::STATE
-                | M::AV
-                | M::PATH_MTU
-                | M::DEST_QPN
-                | M::RQ_PSN
-                | M::MAX_DEST_RD_ATOMIC
-                | M::MIN_RNR_TIMER
-        }
-    };
-    rnic.modify_qp(qpn, &a, m)?;
-    a.qp_state = QpState::Rts;
-    a.sq_psn = my_psn;
-    a.timeout = o.timeout;
-    a.retry_cnt = o.retry_cnt;
-    a.rnr_retry = o.rnr_retry;
-    a.max_rd_atomic = o.max_rd_atomic;
-    let m = match qp_type {
-        QpType::Rc => {
-            M::STATE | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC
-        }
-        _ => M::STATE | M::SQ_PSN,
-    };
-    rnic.modify_qp(qpn, &a, m)
 }
 
 impl Pair {

@@ -12,10 +12,10 @@ use crate::perftest::{
     self, BwPlan, BwQp, End, PingOp, PingPong, ReadBack, Receiver, RunShape, RxQp, Transport, Turn,
     WR_QP_SHIFT,
 };
-use rocemu_emulator::port::wire::{Impairments, Link};
+use rocemu_emulator::connect::{bring_up, ConnectOpts};
+use rocemu_emulator::inproc::{pattern, Impairments, Link, IP_A, IP_B, MAC_A, MAC_B};
 use rocemu_emulator::rnic::mr::MrInfo;
 use rocemu_emulator::rnic::*;
-use rocemu_emulator::sim::{bring_up, pattern, ConnectOpts, IP_A, IP_B, MAC_A, MAC_B};
 use rocemu_emulator::time::Nanos;
 use rocemu_wire::{Psn, Qpn};
 use std::time::{Duration, Instant};

@@ -1,35 +1,17 @@
-//! The in-process wire: two directions of frames between two ports, with a latency and seeded
-//! impairments (loss, reorder, duplicate, corrupt), all deterministic from the seed. Used by the
-//! tests, `rocemu demo` and `rocemu perf`.
+//! The in-process link: frames between two RNICs in one process, with a latency and seeded
+//! impairments (loss, reorder, duplicate, corrupt), all deterministic from the seed. A [`Link`]
+//! is one direction; a [`Cable`] is two, one per side. Used by the tests, the virtual-time
+//! [`super::Pair`], [`super::Loopback`], `rocemu demo` and in-process `rocemu perf`.
 //!
-//! A link applies its rules to each frame in turn and returns a verdict (STYLE.md: turmoil /
-//! s2n-quic): pass, drop, corrupt one bit, deliver twice, or hold back so that later frames
-//! overtake it.
+//! Invariants: frames leave a link in order of their delivery time (FIFO when nothing reorders);
+//! a frame is never delivered before `now + delay`; the link applies `Impairments::judge` to
+//! each frame in turn (STYLE.md: turmoil / s2n-quic) and acts on its verdict — pass, drop,
+//! corrupt one bit, deliver twice, or hold back so that later frames overtake it — and counts
+//! what it did in [`LinkStats`].
+use super::impair::{Fate, Impairments};
 use crate::rng::Rng;
 use crate::time::Nanos;
 use std::collections::{BinaryHeap, VecDeque};
-
-/// Per-frame probabilities (0…1) and delays of one direction.
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub struct Impairments {
-    pub loss: f64,
-    pub reorder: f64,
-    pub duplicate: f64,
-    pub corrupt: f64,
-    /// One-way latency.
-    pub delay: Nanos,
-    /// How long a reordered frame is held back (later frames overtake it).
-    pub reorder_delay: Nanos,
-}
-
-impl Impairments {
-    pub fn none() -> Impairments {
-        Impairments::default()
-    }
-    pub fn is_none(&self) -> bool {
-        self.loss <= 0.0 && self.reorder <= 0.0 && self.duplicate <= 0.0 && self.corrupt <= 0.0
-    }
-}
 
 /// What happened on a link, for the demo's table and the tests.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -95,29 +77,30 @@ impl Link {
             self.fifo.push_back((at, frame));
             return;
         }
-        if self.rng.chance(self.imp.loss) {
-            self.stats.dropped += 1;
-            self.recycle(frame);
-            return;
-        }
-        if !frame.is_empty() && self.rng.chance(self.imp.corrupt) {
-            let bit = self.rng.below(frame.len() as u64 * 8);
-            frame[(bit / 8) as usize] ^= 1 << (bit % 8);
-            self.stats.corrupted += 1;
-        }
-        if self.rng.chance(self.imp.duplicate) {
+        let (duplicated, reordered) = match self.imp.judge(&mut self.rng, &mut frame) {
+            Fate::Dropped => {
+                self.stats.dropped += 1;
+                self.recycle(frame);
+                return;
+            }
+            Fate::Delivered {
+                corrupted,
+                duplicated,
+                reordered,
+            } => {
+                self.stats.corrupted += u64::from(corrupted);
+                (duplicated, reordered)
+            }
+        };
+        if duplicated {
             self.stats.duplicated += 1;
             let mut copy = self.buffer();
             copy.extend_from_slice(&frame);
             self.push(at, copy);
         }
-        if self.rng.chance(self.imp.reorder) {
+        if reordered {
             self.stats.reordered += 1;
-            let hold = if self.imp.reorder_delay.0 > 0 {
-                self.imp.reorder_delay
-            } else {
-                Nanos::from_micros(20)
-            };
+            let hold = self.imp.hold();
             self.seq += 1;
             self.held.push(Held {
                 at: std::cmp::Reverse((at + hold, self.seq)),
@@ -181,16 +164,16 @@ impl Link {
     }
 }
 
-/// Two ports joined: `ab` carries frames from side A to side B, `ba` back.
+/// Two sides joined: `ab` carries frames from side A to side B, `ba` back.
 #[derive(Debug)]
-pub struct Wire {
+pub struct Cable {
     pub ab: Link,
     pub ba: Link,
 }
 
-impl Wire {
-    pub fn new(imp: Impairments, seed: u64) -> Wire {
-        Wire {
+impl Cable {
+    pub fn new(imp: Impairments, seed: u64) -> Cable {
+        Cable {
             ab: Link::new(imp, seed ^ 0xa5a5),
             ba: Link::new(imp, seed ^ 0x5a5a_0000),
         }

@@ -7,8 +7,8 @@ mod common;
 
 use rocemu_emulator::port::pipe::pipe;
 use rocemu_emulator::rnic::*;
-use rocemu_testbed::perf::Test;
-use rocemu_testbed::remote::{perf, pingpong, PerfOpts, PingpongOpts};
+use rocemu_tools::perf::Test;
+use rocemu_tools::remote::{perf, pingpong, PerfOpts, PingpongOpts};
 use rocemu_wire::eth::Mac;
 
 fn pp(server: Option<&str>, transport: QpType) -> PingpongOpts {
@@ -184,7 +184,7 @@ fn perf_rdma_cm_every_test() {
 /// RoCEmu writes reads back the same.
 #[test]
 fn perftest_binary_address_messages_of_a_real_run() {
-    use rocemu_testbed::oob::{PerftestDest, PERFTEST_DEST_LEN_BINARY};
+    use rocemu_tools::oob::{PerftestDest, PERFTEST_DEST_LEN_BINARY};
     use rocemu_wire::capture::CaptureReader;
     use rocemu_wire::frame::parse_frame;
     use rocemu_wire::Opcode;
@@ -229,8 +229,8 @@ fn perftest_binary_address_messages_of_a_real_run() {
 /// or the DREP's, ended the server.)
 #[test]
 fn forged_mads_from_unresolvable_sources_do_not_stop_an_rping_server() {
-    use rocemu_testbed::forge_cm::{frame, mad, Forged};
-    use rocemu_testbed::rping::{rping, rping_counted, RpingOpts};
+    use rocemu_tools::forge_cm::{frame, mad, Forged};
+    use rocemu_tools::rping::{rping, rping_counted, RpingOpts};
     use std::net::IpAddr;
     let server: IpAddr = "10.8.0.1".parse().unwrap();
     let server_mac = Mac([2, 0, 0, 0, 8, 1]);

@@ -1,0 +1,100 @@
+//! RoCEmu's tools: what a user runs as a program, and the out-of-band protocols they speak.
+//!
+//! * [`demo`]: `rocemu demo`, every verb between two RNICs in one process, then RC over a lossy
+//!   in-process cable.
+//! * [`perf`]: `rocemu perf` in process, perftest's benchmarks on two RNICs driven by one thread.
+//! * [`remote`]: one end per process over a datapath — `rocemu pingpong` and `rocemu perf --dev`,
+//!   facing `ibv_*_pingpong` and perftest's `ib_*_bw` / `ib_*_lat`.
+//! * [`rping`]: librdmacm's `rping` on RoCEmu; [`rdmacm`]: the rdma_cm steps the tools share
+//!   (resolve, connect, accept over the IB CM); [`perftest_cm`]: perftest's `-R`.
+//! * [`oob`]: the TCP exchanges of `ibv_rc_pingpong` ([`oob::rc_pingpong`]) and perftest
+//!   ([`oob::perftest`]), byte for byte.
+//! * [`forge_cm`]: forged CM MADs for the hidden `rocemu forge-cm` (the hostile-peer test).
+//!
+//! Invariants: the tools drive the emulator only through its public API (verbs, the engine, the
+//! CM) and change no RNIC behaviour; every message they put on a TCP connection or a QP is the
+//! one the real tool sends (the formats are documented where they are built); a tool fails with a
+//! message, never by waiting forever (every exchange has a deadline, and [`poll_wcs`] turns a CQ
+//! overflow into an error). The CLI (`src/`) parses arguments and prints; network namespaces and
+//! the `rdma_rxe` lab are `rocemu-testbed`'s.
+#![forbid(unsafe_code)]
+
+pub mod demo;
+pub mod forge_cm;
+pub mod oob;
+pub mod perf;
+pub(crate) mod perftest;
+pub mod perftest_cm;
+pub mod rdmacm;
+pub mod remote;
+pub mod rping;
+
+/// `ibv_poll_cq` for the tools' wait loops: appends up to `max` completions to `out`, and fails
+/// with "CQ overflow: ..." once the CQ is in error (it was full when a completion came: what the
+/// loop waits for will never arrive), so that a tool ends with that message instead of waiting
+/// forever.
+pub fn poll_wcs(
+    r: &mut rocemu_emulator::Rnic,
+    cq: rocemu_emulator::rnic::CqId,
+    max: usize,
+    out: &mut Vec<rocemu_emulator::rnic::Wc>,
+) -> Result<usize, String> {
+    r.try_poll_cq(cq, max, out).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use rocemu_emulator::connect::ConnectOpts;
+    use rocemu_emulator::inproc::{Impairments, Pair};
+    use rocemu_emulator::rnic::*;
+
+    /// A wait loop on a CQ too small for its completions ends with "CQ overflow: ...", where it
+    /// used to wait forever.
+    #[test]
+    fn a_tool_waiting_on_an_overflowed_cq_ends_with_a_clear_error() {
+        let mut p = Pair::new(4, Impairments::none());
+        let pda = p.a.alloc_pd();
+        let pdb = p.b.alloc_pd();
+        let cqa = p.a.create_cq(4).unwrap();
+        let cqb = p.b.create_cq(4).unwrap();
+        let qa =
+            p.a.create_qp(pda, QpInitAttr::new(QpType::Rc, cqa))
+                .unwrap();
+        let qb =
+            p.b.create_qp(pdb, QpInitAttr::new(QpType::Rc, cqb))
+                .unwrap();
+        let ma = p.a.reg_mr(pda, 4096, Access::ALL).unwrap();
+        let mb = p.b.reg_mr(pdb, 4096, Access::ALL).unwrap();
+        p.connect(qa, qb, &ConnectOpts::default()).unwrap();
+        for i in 0..10 {
+            let sge = Sge {
+                addr: ma.addr,
+                length: 8,
+                lkey: ma.lkey,
+            };
+            let op = WrOpcode::RdmaWrite {
+                remote_addr: mb.addr,
+                rkey: mb.rkey,
+            };
+            p.a.post_send(qa, SendWr::new(i, op, vec![sge])).unwrap();
+        }
+        // The tools' loop: drive, poll, until 10 completions or an error.
+        let mut wcs = Vec::new();
+        let r = (|| -> Result<(), String> {
+            for _ in 0..10_000 {
+                p.step();
+                if let Some(t) = p.next_event() {
+                    p.now = p.now.max(t);
+                }
+                super::poll_wcs(&mut p.a, cqa, 16, &mut wcs)?;
+                if wcs.len() >= 10 {
+                    return Ok(());
+                }
+            }
+            Err("still waiting".into())
+        })();
+        let e = r.unwrap_err();
+        assert!(e.starts_with("CQ overflow: CQ "), "{e}");
+        assert_eq!(wcs.len(), 4);
+    }
+}
