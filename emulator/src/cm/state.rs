@@ -3,6 +3,8 @@
 //! book kept beside it. Invariant: a connection's state and deadline change only through
 //! [`Book`], so that `Book::timers` holds exactly the deadlines set and `Book::half_open`
 //! counts exactly the passive connections not yet established.
+#[cfg(doc)]
+use super::CmAgent;
 use crate::time::Nanos;
 use rocemu_wire::cm::{CmMadRepr, CommId, RejReason, ReqRepr};
 use rocemu_wire::mad::Tid;
