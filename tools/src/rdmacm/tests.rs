@@ -1,0 +1,100 @@
+//! Both sides of a CM connection over an in-memory pipe, through `Cm::connect_rc` and
+//! `Cm::accept_rc` with sides the tools cannot make (responder resources and initiator depth
+//! that differ).
+use super::*;
+use rocemu_emulator::engine::Engine;
+use rocemu_emulator::port::pipe::{pipe, PipePort};
+use std::net::Ipv4Addr;
+
+fn endpoint(port: PipePort, last: u8) -> Endpoint {
+    let ip = IpAddr::V4(Ipv4Addr::new(10, 77, 0, last));
+    let mut cfg = RnicConfig::new(Mac([2, 0, 0, 0, 77, last]), ip, last as u64);
+    cfg.eth_mtu = 1500;
+    Endpoint {
+        rnic: Rnic::new(cfg),
+        engine: Engine::new(Box::new(port)),
+    }
+}
+
+fn rc_qp(ep: &mut Endpoint) -> Qpn {
+    let r = &mut ep.rnic;
+    let pd = r.alloc_pd();
+    let cq = r.create_cq(16).unwrap();
+    r.create_qp(
+        pd,
+        QpInitAttr {
+            qp_type: QpType::Rc,
+            send_cq: cq,
+            recv_cq: cq,
+            srq: None,
+            cap: QpCap::default(),
+            sq_sig_all: true,
+        },
+    )
+    .unwrap()
+}
+
+fn side(qpn: Qpn, responder_resources: u8, initiator_depth: u8) -> RcSide {
+    RcSide {
+        qpn,
+        psn: Psn::new(0x1234),
+        path_mtu: 3,
+        responder_resources,
+        initiator_depth,
+        timeout: 14,
+    }
+}
+
+/// (max_rd_atomic, max_dest_rd_atomic) of a QP.
+fn rd_atomic(ep: &Endpoint, qpn: Qpn) -> (u8, u8) {
+    let a = ep.rnic.query_qp(qpn).unwrap();
+    (a.max_rd_atomic, a.max_dest_rd_atomic)
+}
+
+#[test]
+fn both_sides_keep_initiator_depth_and_responder_resources_apart() {
+    // A client that keeps 16 reads in flight but answers only 1 itself (REQ: responder
+    // resources 1, initiator depth 16), and a server that offers 8 and 4. The server's QP
+    // may send at most 1 read (the REQ's responder resources) and answers 8 reads, min(its
+    // 8, the REQ's 16); the REP says so, and the client may keep 8 in flight and answers
+    // its 1. Giving one value to both (the smaller) left the server with one responder
+    // resource, so that a client's retransmitted READ older than its newest was dropped.
+    let (pa, pb) = pipe(Mac([2, 0, 0, 0, 77, 1]), Mac([2, 0, 0, 0, 77, 2]), 1500);
+    let server = std::thread::spawn(move || {
+        let mut ep = endpoint(pa, 1);
+        let qpn = rc_qp(&mut ep);
+        let mut cm = Cm::new(&mut ep).unwrap();
+        cm.listen(7471);
+        cm.accept_rc(&mut ep, &side(qpn, 8, 4), Duration::from_secs(20), |_| {
+            Ok(())
+        })
+        .unwrap();
+        // Answer the client's last frames before the port goes.
+        let until = Instant::now() + Duration::from_millis(200);
+        while Instant::now() < until {
+            let w = ep.engine.poll(&mut ep.rnic);
+            ep.engine.idle(w);
+        }
+        rd_atomic(&ep, qpn)
+    });
+    let mut ep = endpoint(pb, 2);
+    let qpn = rc_qp(&mut ep);
+    let mut cm = Cm::new(&mut ep).unwrap();
+    let server_ip = IpAddr::V4(Ipv4Addr::new(10, 77, 0, 1));
+    cm.connect_rc(&mut ep, server_ip, 7471, &side(qpn, 1, 16), 50)
+        .unwrap();
+    while !server.is_finished() {
+        let w = ep.engine.poll(&mut ep.rnic);
+        ep.engine.idle(w);
+    }
+    assert_eq!(
+        server.join().unwrap(),
+        (1, 8),
+        "server: (max_rd_atomic, max_dest_rd_atomic)"
+    );
+    assert_eq!(
+        rd_atomic(&ep, qpn),
+        (8, 1),
+        "client: (max_rd_atomic, max_dest_rd_atomic)"
+    );
+}
