@@ -113,12 +113,17 @@ impl PingpongResult {
     }
 }
 
+/// One end's objects, made by [`pp_setup`]: the CQ (of both queues), the QP, the MR and the
+/// QP's initial PSN.
+#[derive(Debug, Clone, Copy)]
 struct PpCtx {
     pd_cq: CqId,
     qpn: Qpn,
     mr: MrInfo,
     psn: Psn,
     ud: bool,
+    /// Where in the MR messages are sent from (the receive area comes first).
+    send_off: usize,
 }
 
 const RECV_WRID: u64 = 1;
@@ -382,8 +387,6 @@ mod write_xchg {
     }
 }
 
-/// Runs one end of `ibv_rc_pingpong`, `ibv_uc_pingpong` or `ibv_ud_pingpong` (client when
-/// `o.server` is set); with `o.imm`, of `imm_pingpong`.
 /// `--rdma-cm`: the QP (in INIT, receives posted) connected through rdma_cm, the client to the
 /// server's `port`, the server accepting the first REQ there. Returns the CM (the connection
 /// is ended through it) and the peer's address as the TCP exchange would have given it.
@@ -391,7 +394,7 @@ fn pp_rdma_cm(
     ep: &mut Endpoint,
     o: &PingpongOpts,
     c: &PpCtx,
-) -> Result<((crate::rdmacm::Cm, crate::rdmacm::RcConn), PingpongDest), String> {
+) -> Result<(PpCm, PingpongDest), String> {
     use crate::rdmacm::{Cm, RcSide};
     if o.transport != QpType::Rc {
         return Err("--rdma-cm connects RC QPs: --transport rc".into());
@@ -429,7 +432,37 @@ fn pp_rdma_cm(
     Ok(((cm, conn), remote))
 }
 
+/// Runs one end of `ibv_rc_pingpong`, `ibv_uc_pingpong` or `ibv_ud_pingpong` (client when
+/// `o.server` is set); with `o.imm`, of `imm_pingpong`.
 pub fn pingpong(ep: &mut Endpoint, o: &PingpongOpts) -> Result<PingpongResult, String> {
+    let c = pp_setup(ep, o)?;
+    let r = &mut ep.rnic;
+    let local = PingpongDest {
+        lid: 0,
+        qpn: c.qpn.value(),
+        psn: c.psn.value(),
+        gid: gid_bytes(r.ips()[0]),
+    };
+    let key = WriteKey {
+        rkey: c.mr.rkey,
+        vaddr: c.mr.addr,
+    };
+    let (remote, rem_key, cm) = pp_exchange(ep, o, &c, &local, key)?;
+    let (seconds, received) = pp_loop(ep, o, &c, &remote, rem_key)?;
+    pp_finish(ep, o, &c, cm)?;
+    Ok(PingpongResult {
+        local,
+        remote,
+        bytes: (o.size as u64) * o.iters * 2,
+        iters: o.iters,
+        seconds,
+        imm: o.imm.map(|op| (o.transport, op, received)),
+    })
+}
+
+/// The end's objects as the real tool makes them (`pp_init_ctx`): the MR filled with 0x7b, the
+/// QP in INIT and its receives posted, before the exchange.
+fn pp_setup(ep: &mut Endpoint, o: &PingpongOpts) -> Result<PpCtx, String> {
     if o.mtu.bytes() > ep.rnic.active_mtu().bytes() {
         return Err(format!(
             "-m {}: above the port's active MTU {} (interface MTU {})",
@@ -523,106 +556,93 @@ pub fn pingpong(ep: &mut Endpoint, o: &PingpongOpts) -> Result<PingpongResult, S
         mr,
         psn: random_psn(r),
         ud,
+        send_off,
     };
     pp_post_recv(r, &c, o.size, o.rx_depth)?;
-    let local = PingpongDest {
-        lid: 0,
-        qpn: qpn.value(),
-        psn: c.psn.value(),
-        gid: gid_bytes(r.ips()[0]),
-    };
-    let key = WriteKey {
-        rkey: mr.rkey,
-        vaddr: mr.addr,
-    };
+    Ok(c)
+}
+
+/// The CM and the connection of a `--rdma-cm` pingpong, ended through it by [`pp_finish`].
+type PpCm = (crate::rdmacm::Cm, crate::rdmacm::RcConn);
+
+/// The exchange of addresses, and the QP moved to RTR and RTS: over TCP (with `--op write`, the
+/// [`WriteKey`]s with them), or rdma_cm. Returns the peer's address, its key (exactly with
+/// `--op write`) and, with `--rdma-cm`, the connection.
+fn pp_exchange(
+    ep: &mut Endpoint,
+    o: &PingpongOpts,
+    c: &PpCtx,
+    local: &PingpongDest,
+    key: WriteKey,
+) -> Result<(PingpongDest, Option<WriteKey>, Option<PpCm>), String> {
     let write = o.imm == Some(ImmOp::Write);
     let cfg = OobConfig::default();
     let mtu = o.mtu;
-    let mut cm = None;
+    if o.rdma_cm {
+        let (cm, rem) = pp_rdma_cm(ep, o, c)?;
+        return Ok((rem, None, Some(cm)));
+    }
     let (remote, rem_key) = match &o.server {
-        _ if o.rdma_cm => {
-            let (c2, rem) = pp_rdma_cm(ep, o, &c)?;
-            cm = Some(c2);
-            (rem, None)
-        }
         Some(server) => {
             let addr = (server.as_str(), o.port);
             let (rem, rem_key) = if write {
-                let (d, k) = serve(ep, |_ctl| write_xchg::client(addr, &local, key))?;
+                let (d, k) = serve(ep, |_ctl| write_xchg::client(addr, local, key))?;
                 (d, Some(k))
             } else {
-                let d = serve(ep, |_ctl| oob::pingpong_client(addr, &local, &cfg))
+                let d = serve(ep, |_ctl| oob::pingpong_client(addr, local, &cfg))
                     .map_err(|e| e.to_string())?;
                 (d, None)
             };
-            pp_connect(ep, &c, &rem, mtu)?;
+            pp_connect(ep, c, &rem, mtu)?;
             (rem, rem_key)
         }
         None => {
             let listener = oob::listen(o.port).map_err(|e| e.to_string())?;
-            let c_qpn = c.qpn;
-            let c_psn = c.psn;
-            let c_mr = c.mr;
+            let c = *c;
             serve(ep, move |ctl| {
                 let connect = move |rem: &PingpongDest| {
                     let rem = *rem;
-                    ctl.run(move |ep| {
-                        let c = PpCtx {
-                            pd_cq: cq,
-                            qpn: c_qpn,
-                            mr: c_mr,
-                            psn: c_psn,
-                            ud,
-                        };
-                        pp_connect(ep, &c, &rem, mtu)
-                    })
+                    ctl.run(move |ep| pp_connect(ep, &c, &rem, mtu))
                 };
                 if write {
-                    write_xchg::server(&listener, &local, key, connect).map(|(d, k)| (d, Some(k)))
+                    write_xchg::server(&listener, local, key, connect).map(|(d, k)| (d, Some(k)))
                 } else {
-                    oob::pingpong_server(&listener, &local, &cfg, connect)
+                    oob::pingpong_server(&listener, local, &cfg, connect)
                         .map(|d| (d, None))
                         .map_err(|e| e.to_string())
                 }
             })?
         }
     };
-    let client = o.server.is_some();
-    let size = o.size;
-    // The ping-pong (rc_pingpong.c's main loop): a SEND goes when the previous one completed
-    // and a message arrived (the client starts).
-    let start = Instant::now();
-    let (mut scnt, mut rcnt, mut routs, mut posted) = (0u64, 0u64, o.rx_depth, 0u64);
-    let mut pending = RECV_WRID;
-    let peer = gid_ip(&remote.gid, "the peer")?;
-    let dest = ud.then(|| UdDest {
-        ah: AhAttr {
-            dgid: Gid::from_ip(peer),
-            hop_limit: 64,
-            ..Default::default()
-        },
-        remote_qpn: Qpn::new(remote.qpn),
-        remote_qkey: rocemu_wire::QKey(UD_PINGPONG_QKEY),
-    });
-    let imm_check = o.imm.map(|op| ImmCheck {
-        op,
-        peer_is_client: !client,
-        peer_qpn: Qpn::new(remote.qpn),
-        size,
-        ud,
-    });
-    // Posts message `k`: with --imm, its immediate and payload first.
-    let post_send = |r: &mut Rnic, k: u64| -> Result<(), String> {
-        let opcode = match o.imm {
+    Ok((remote, rem_key, None))
+}
+
+/// How this end's messages go out: from the send area; with `--imm`, message `k` with its
+/// immediate and payload, as a SEND or (with the peer's key) an RDMA WRITE.
+struct PpSender {
+    c: PpCtx,
+    imm: Option<ImmOp>,
+    client: bool,
+    size: usize,
+    /// The peer's address on UD.
+    dest: Option<UdDest>,
+    rem_key: Option<WriteKey>,
+}
+
+impl PpSender {
+    /// Posts message `k`: with --imm, its immediate and payload first.
+    fn post(&self, r: &mut Rnic, k: u64) -> Result<(), String> {
+        let (c, size, send_off) = (&self.c, self.size, self.c.send_off);
+        let opcode = match self.imm {
             None => WrOpcode::Send,
             Some(_) => {
-                let v = imm_value(client, k);
+                let v = imm_value(self.client, k);
                 let b = r.mr_bytes_mut(c.mr.lkey).expect("registered");
                 for (i, x) in b[send_off..send_off + size].iter_mut().enumerate() {
                     *x = imm_pattern(v, i);
                 }
                 // The peer's key came with its address exactly when this is --op write.
-                match rem_key {
+                match self.rem_key {
                     Some(key) => WrOpcode::RdmaWriteWithImm {
                         remote_addr: key.vaddr,
                         rkey: key.rkey,
@@ -643,11 +663,52 @@ pub fn pingpong(ep: &mut Endpoint, o: &PingpongOpts) -> Result<PingpongResult, S
                 lkey: c.mr.lkey,
             }],
         );
-        wr.ud = dest;
+        wr.ud = self.dest;
         r.post_send(c.qpn, wr).map_err(verr)
+    }
+}
+
+/// The ping-pong (rc_pingpong.c's main loop): a SEND goes when the previous one completed and
+/// a message arrived (the client starts). Returns its seconds and the messages received.
+fn pp_loop(
+    ep: &mut Endpoint,
+    o: &PingpongOpts,
+    c: &PpCtx,
+    remote: &PingpongDest,
+    rem_key: Option<WriteKey>,
+) -> Result<(f64, u64), String> {
+    let (ud, size) = (c.ud, o.size);
+    let client = o.server.is_some();
+    let start = Instant::now();
+    let (mut scnt, mut rcnt, mut routs, mut posted) = (0u64, 0u64, o.rx_depth, 0u64);
+    let mut pending = RECV_WRID;
+    let peer = gid_ip(&remote.gid, "the peer")?;
+    let dest = ud.then(|| UdDest {
+        ah: AhAttr {
+            dgid: Gid::from_ip(peer),
+            hop_limit: 64,
+            ..Default::default()
+        },
+        remote_qpn: Qpn::new(remote.qpn),
+        remote_qkey: rocemu_wire::QKey(UD_PINGPONG_QKEY),
+    });
+    let imm_check = o.imm.map(|op| ImmCheck {
+        op,
+        peer_is_client: !client,
+        peer_qpn: Qpn::new(remote.qpn),
+        size,
+        ud,
+    });
+    let sender = PpSender {
+        c: *c,
+        imm: o.imm,
+        client,
+        size,
+        dest,
+        rem_key,
     };
     if client {
-        post_send(&mut ep.rnic, posted)?;
+        sender.post(&mut ep.rnic, posted)?;
         posted += 1;
         pending |= SEND_WRID;
     }
@@ -699,7 +760,7 @@ pub fn pingpong(ep: &mut Endpoint, o: &PingpongOpts) -> Result<PingpongResult, S
                     routs -= 1;
                     if routs <= 1 {
                         let n = o.rx_depth - routs;
-                        pp_post_recv(&mut ep.rnic, &c, size, n)?;
+                        pp_post_recv(&mut ep.rnic, c, size, n)?;
                         routs += n;
                     }
                     rcnt += 1;
@@ -708,13 +769,24 @@ pub fn pingpong(ep: &mut Endpoint, o: &PingpongOpts) -> Result<PingpongResult, S
             }
             pending &= !wc.wr_id;
             if posted < o.iters && pending == 0 {
-                post_send(&mut ep.rnic, posted)?;
+                sender.post(&mut ep.rnic, posted)?;
                 posted += 1;
                 pending = RECV_WRID | SEND_WRID;
             }
         }
     }
-    let seconds = start.elapsed().as_secs_f64();
+    Ok((start.elapsed().as_secs_f64(), rcnt))
+}
+
+/// After the loop: `-c`'s check on the server, the rdma_cm connection ended, and the last ACK
+/// let out before the port closes.
+fn pp_finish(
+    ep: &mut Endpoint,
+    o: &PingpongOpts,
+    c: &PpCtx,
+    cm: Option<PpCm>,
+) -> Result<(), String> {
+    let client = o.server.is_some();
     if o.check && !client {
         let b = ep.rnic.mr_bytes(c.mr.lkey).expect("registered");
         if b.iter().step_by(4096).any(|&x| x != 0) {
@@ -733,12 +805,5 @@ pub fn pingpong(ep: &mut Endpoint, o: &PingpongOpts) -> Result<PingpongResult, S
     ep.engine
         .run_until(&mut ep.rnic, Duration::from_millis(100), |_| false);
     ep.engine.flush();
-    Ok(PingpongResult {
-        local,
-        remote,
-        bytes: (size as u64) * o.iters * 2,
-        iters: o.iters,
-        seconds,
-        imm: o.imm.map(|op| (o.transport, op, rcnt)),
-    })
+    Ok(())
 }
