@@ -2,7 +2,7 @@
 //! engine that binds it to a port) facing a peer process, and perftest's end on it: its options
 //! ([`PerfOpts`]), its entry points ([`perf`], [`perf_serve`]) and the exchange around the run,
 //! over TCP ([`crate::oob`]) or, with `-R`, an rdma_cm QP ([`crate::perftest_cm`]), both through
-//! the [`Exchange`] carrier. The work the end does on its RNIC (resources, QPs, connect, the
+//! the `Exchange` carrier. The work the end does on its RNIC (resources, QPs, connect, the
 //! runs, `--verify`) is in `perf_end.rs`; `ibv_rc_pingpong`'s end is [`crate::pingpong`].
 //!
 //! The engine must keep turning while the out-of-band exchange waits on TCP: the peer resolves
