@@ -1,7 +1,7 @@
 //! `rocemu pingpong` (contract: shared/contracts.md): `ibv_rc_pingpong`, on RoCEmu.
 use crate::datapath;
 use rocemu_emulator::rnic::Mtu;
-use rocemu_tools::remote::{self, ImmOp, PingpongOpts};
+use rocemu_tools::pingpong::{self, ImmOp, PingpongOpts};
 use std::process::ExitCode;
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -118,7 +118,7 @@ pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
         imm,
         rdma_cm: a.rdma_cm,
     };
-    let r = remote::pingpong(&mut d.ep, &o);
+    let r = pingpong::pingpong(&mut d.ep, &o);
     d.ep.engine.finish_recording()?;
     let r = r?;
     for l in r.lines() {

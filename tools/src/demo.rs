@@ -122,214 +122,261 @@ fn run_connected(
         return rows;
     }
     for (k, op) in ops.iter().enumerate() {
-        let mut errs = Vec::new();
-        let frames0 = ctx.p.frames;
-        let rt0 = ctx.p.a.counters().retransmits + ctx.p.b.counters().retransmits;
-        let mut bytes = 0u64;
         let n = if op.contains("ATOMIC") || op.contains("CMP") || op.contains("FETCH") {
             count.min(64)
         } else {
             count
         };
-        // Fill A's source area and B's target/source areas with fresh patterns.
-        let msg = |i: usize| pattern((k * 1000 + i) as u64, size);
-        let stride = size.next_multiple_of(64).max(64);
-        for i in 0..n {
-            let data = msg(i);
-            let off = i * stride;
-            ctx.p.a.mr_bytes_mut(a.mr.lkey).unwrap()[off..off + size].copy_from_slice(&data);
-            if *op == "RDMA_READ" {
-                ctx.p.b.mr_bytes_mut(b.mr.lkey).unwrap()[off..off + size].copy_from_slice(&data);
-                ctx.p.a.mr_bytes_mut(a.mr.lkey).unwrap()[off..off + size].fill(0);
-            }
-        }
-        if *op == "FETCH_ADD" || *op == "CMP_SWAP" {
-            ctx.p.b.mr_bytes_mut(b.mr.lkey).unwrap()[0..8].copy_from_slice(&0u64.to_le_bytes());
-        }
-        let mut want_b = 0;
-        for i in 0..n {
-            let off = i * stride;
-            let sge = Sge {
-                addr: a.mr.addr + off as u64,
-                length: size as u32,
-                lkey: a.mr.lkey,
-            };
-            let remote = b.mr.addr + off as u64;
-            let opcode = match *op {
-                "SEND" => WrOpcode::Send,
-                "SEND_WITH_IMM" => WrOpcode::SendWithImm {
-                    imm: 0x1000 + i as u32,
-                },
-                "RDMA_WRITE" => WrOpcode::RdmaWrite {
-                    remote_addr: remote,
-                    rkey: b.mr.rkey,
-                },
-                "RDMA_WRITE_WITH_IMM" => WrOpcode::RdmaWriteWithImm {
-                    remote_addr: remote,
-                    rkey: b.mr.rkey,
-                    imm: 0x2000 + i as u32,
-                },
-                "RDMA_READ" => WrOpcode::RdmaRead {
-                    remote_addr: remote,
-                    rkey: b.mr.rkey,
-                },
-                "FETCH_ADD" => WrOpcode::AtomicFetchAdd {
-                    remote_addr: b.mr.addr,
-                    rkey: b.mr.rkey,
-                    add: i as u64 + 1,
-                },
-                _ => WrOpcode::AtomicCmpSwap {
-                    remote_addr: b.mr.addr,
-                    rkey: b.mr.rkey,
-                    compare: i as u64,
-                    swap: i as u64 + 1,
-                },
-            };
-            let sg = if opcode.is_atomic() {
-                Sge { length: 8, ..sge }
-            } else {
-                sge
-            };
-            if matches!(*op, "SEND" | "SEND_WITH_IMM" | "RDMA_WRITE_WITH_IMM") {
-                let r = Sge {
-                    addr: b.mr.addr + off as u64,
-                    length: stride as u32,
-                    lkey: b.mr.lkey,
-                };
-                if let Err(e) = ctx.p.b.post_recv(
-                    b.qp,
-                    RecvWr {
-                        wr_id: i as u64,
-                        sg_list: vec![r],
-                    },
-                ) {
-                    errs.push(format!("post_recv: {e}"));
-                }
-                want_b += 1;
-            }
-            if let Err(e) = ctx
-                .p
-                .a
-                .post_send(a.qp, SendWr::new(i as u64, opcode, vec![sg]))
-            {
-                errs.push(format!("post_send: {e}"));
-            }
-            bytes += if opcode.is_atomic() { 8 } else { size as u64 };
-        }
-        match ctx.drain(a.cq, b.cq, n, want_b) {
-            Err(e) => errs.push(e),
-            Ok((wa, wb)) => {
-                check(
-                    wa.len() == n,
-                    format!("{} send completions, want {n}", wa.len()),
-                    &mut errs,
-                );
-                for (i, w) in wa.iter().enumerate() {
-                    check(
-                        w.status == WcStatus::Success && w.wr_id == i as u64,
-                        format!("send completion {i}: {:?} {}", w.status, w.wr_id),
-                        &mut errs,
-                    );
-                }
-                check(
-                    wb.len() == want_b,
-                    format!("{} receive completions, want {want_b}", wb.len()),
-                    &mut errs,
-                );
-                for (i, w) in wb.iter().enumerate() {
-                    let ok = w.status == WcStatus::Success && w.wr_id == i as u64;
-                    let imm_ok = match *op {
-                        "SEND_WITH_IMM" => {
-                            w.imm_data == 0x1000 + i as u32
-                                && w.wc_flags.contains(WcFlags::WITH_IMM)
-                        }
-                        "RDMA_WRITE_WITH_IMM" => {
-                            w.imm_data == 0x2000 + i as u32 && w.opcode == WcOpcode::RecvRdmaWithImm
-                        }
-                        _ => true,
-                    };
-                    check(
-                        ok && imm_ok,
-                        format!("receive completion {i}: {w:?}"),
-                        &mut errs,
-                    );
-                }
-                // Bytes.
-                let bm = ctx.p.b.mr_bytes(b.mr.lkey).unwrap().to_vec();
-                let am = ctx.p.a.mr_bytes(a.mr.lkey).unwrap().to_vec();
-                match *op {
-                    "SEND" | "SEND_WITH_IMM" | "RDMA_WRITE" | "RDMA_WRITE_WITH_IMM" => {
-                        for i in 0..n {
-                            let off = i * stride;
-                            check(
-                                bm[off..off + size] == msg(i)[..],
-                                format!("message {i} bytes differ"),
-                                &mut errs,
-                            );
-                        }
-                    }
-                    "RDMA_READ" => {
-                        for i in 0..n {
-                            let off = i * stride;
-                            check(
-                                am[off..off + size] == msg(i)[..],
-                                format!("read {i} bytes differ"),
-                                &mut errs,
-                            );
-                        }
-                    }
-                    "FETCH_ADD" => {
-                        let sum: u64 = (1..=n as u64).sum();
-                        let v = u64::from_le_bytes(bm[0..8].try_into().unwrap());
-                        check(
-                            v == sum,
-                            format!("counter {v}, want {sum}: an add lost or applied twice"),
-                            &mut errs,
-                        );
-                        for i in 0..n {
-                            let got = u64::from_le_bytes(
-                                am[i * stride..i * stride + 8].try_into().unwrap(),
-                            );
-                            let want: u64 = (1..=i as u64).sum();
-                            check(
-                                got == want,
-                                format!("fetch {i} returned {got}, want {want}"),
-                                &mut errs,
-                            );
-                        }
-                    }
-                    _ => {
-                        let v = u64::from_le_bytes(bm[0..8].try_into().unwrap());
-                        check(
-                            v == n as u64,
-                            format!("cmp-swap chain ended at {v}, want {n}"),
-                            &mut errs,
-                        );
-                    }
-                }
-            }
-        }
-        if !errs.is_empty() && std::env::var("ROCEMU_DEMO_DEBUG").is_ok() {
-            eprintln!(
-                "A: {}\nB: {}\nA {:?}\nB {:?}",
-                ctx.p.a.debug_qp(a.qp),
-                ctx.p.b.debug_qp(b.qp),
-                ctx.p.a.counters(),
-                ctx.p.b.counters()
-            );
-        }
-        let rt = ctx.p.a.counters().retransmits + ctx.p.b.counters().retransmits - rt0;
-        rows.push(Row {
-            operation: format!("{label} {op}"),
-            messages: n as u64,
-            bytes,
-            packets: ctx.p.frames - frames0,
-            retransmissions: rt,
-            ok: errs.is_empty(),
-            detail: errs.into_iter().take(3).collect::<Vec<_>>().join("; "),
-        });
+        let run = OpRun {
+            k,
+            op,
+            n,
+            size,
+            stride: size.next_multiple_of(64).max(64),
+        };
+        rows.push(run_op(ctx, &a, &b, label, &run));
     }
     rows
+}
+
+/// One operation's run on a connected pair: `n` messages of `size` bytes, message `i` at
+/// `i * stride` in both MRs.
+struct OpRun<'a> {
+    /// The operation's place in the list (its patterns differ from the others').
+    k: usize,
+    op: &'a str,
+    n: usize,
+    size: usize,
+    stride: usize,
+}
+
+impl OpRun<'_> {
+    /// Message `i`'s bytes.
+    fn msg(&self, i: usize) -> Vec<u8> {
+        pattern((self.k * 1000 + i) as u64, self.size)
+    }
+}
+
+/// Runs one operation from A to B and checks it: fill, post, drain, check. Returns its row.
+fn run_op(ctx: &mut Ctx, a: &Side, b: &Side, label: &str, run: &OpRun) -> Row {
+    let mut errs = Vec::new();
+    let frames0 = ctx.p.frames;
+    let rt0 = ctx.p.a.counters().retransmits + ctx.p.b.counters().retransmits;
+    fill_op(ctx, a, b, run);
+    let (bytes, want_b) = post_op(ctx, a, b, run, &mut errs);
+    match ctx.drain(a.cq, b.cq, run.n, want_b) {
+        Err(e) => errs.push(e),
+        Ok((wa, wb)) => {
+            check_completions(run, &wa, &wb, want_b, &mut errs);
+            check_bytes(ctx, a, b, run, &mut errs);
+        }
+    }
+    if !errs.is_empty() && std::env::var("ROCEMU_DEMO_DEBUG").is_ok() {
+        eprintln!(
+            "A: {}\nB: {}\nA {:?}\nB {:?}",
+            ctx.p.a.debug_qp(a.qp),
+            ctx.p.b.debug_qp(b.qp),
+            ctx.p.a.counters(),
+            ctx.p.b.counters()
+        );
+    }
+    let rt = ctx.p.a.counters().retransmits + ctx.p.b.counters().retransmits - rt0;
+    Row {
+        operation: format!("{label} {}", run.op),
+        messages: run.n as u64,
+        bytes,
+        packets: ctx.p.frames - frames0,
+        retransmissions: rt,
+        ok: errs.is_empty(),
+        detail: errs.into_iter().take(3).collect::<Vec<_>>().join("; "),
+    }
+}
+
+/// Fills A's source area and B's target/source areas with fresh patterns.
+fn fill_op(ctx: &mut Ctx, a: &Side, b: &Side, run: &OpRun) {
+    let size = run.size;
+    for i in 0..run.n {
+        let data = run.msg(i);
+        let off = i * run.stride;
+        ctx.p.a.mr_bytes_mut(a.mr.lkey).unwrap()[off..off + size].copy_from_slice(&data);
+        if run.op == "RDMA_READ" {
+            ctx.p.b.mr_bytes_mut(b.mr.lkey).unwrap()[off..off + size].copy_from_slice(&data);
+            ctx.p.a.mr_bytes_mut(a.mr.lkey).unwrap()[off..off + size].fill(0);
+        }
+    }
+    if run.op == "FETCH_ADD" || run.op == "CMP_SWAP" {
+        ctx.p.b.mr_bytes_mut(b.mr.lkey).unwrap()[0..8].copy_from_slice(&0u64.to_le_bytes());
+    }
+}
+
+/// Posts the run's `n` work requests on A (and, for what consumes a receive, B's receives).
+/// Returns the bytes posted and the receive completions B is to see.
+fn post_op(ctx: &mut Ctx, a: &Side, b: &Side, run: &OpRun, errs: &mut Vec<String>) -> (u64, usize) {
+    let (size, stride) = (run.size, run.stride);
+    let mut bytes = 0u64;
+    let mut want_b = 0;
+    for i in 0..run.n {
+        let off = i * stride;
+        let sge = Sge {
+            addr: a.mr.addr + off as u64,
+            length: size as u32,
+            lkey: a.mr.lkey,
+        };
+        let remote = b.mr.addr + off as u64;
+        let opcode = match run.op {
+            "SEND" => WrOpcode::Send,
+            "SEND_WITH_IMM" => WrOpcode::SendWithImm {
+                imm: 0x1000 + i as u32,
+            },
+            "RDMA_WRITE" => WrOpcode::RdmaWrite {
+                remote_addr: remote,
+                rkey: b.mr.rkey,
+            },
+            "RDMA_WRITE_WITH_IMM" => WrOpcode::RdmaWriteWithImm {
+                remote_addr: remote,
+                rkey: b.mr.rkey,
+                imm: 0x2000 + i as u32,
+            },
+            "RDMA_READ" => WrOpcode::RdmaRead {
+                remote_addr: remote,
+                rkey: b.mr.rkey,
+            },
+            "FETCH_ADD" => WrOpcode::AtomicFetchAdd {
+                remote_addr: b.mr.addr,
+                rkey: b.mr.rkey,
+                add: i as u64 + 1,
+            },
+            _ => WrOpcode::AtomicCmpSwap {
+                remote_addr: b.mr.addr,
+                rkey: b.mr.rkey,
+                compare: i as u64,
+                swap: i as u64 + 1,
+            },
+        };
+        let sg = if opcode.is_atomic() {
+            Sge { length: 8, ..sge }
+        } else {
+            sge
+        };
+        if matches!(run.op, "SEND" | "SEND_WITH_IMM" | "RDMA_WRITE_WITH_IMM") {
+            let r = Sge {
+                addr: b.mr.addr + off as u64,
+                length: stride as u32,
+                lkey: b.mr.lkey,
+            };
+            if let Err(e) = ctx.p.b.post_recv(
+                b.qp,
+                RecvWr {
+                    wr_id: i as u64,
+                    sg_list: vec![r],
+                },
+            ) {
+                errs.push(format!("post_recv: {e}"));
+            }
+            want_b += 1;
+        }
+        if let Err(e) = ctx
+            .p
+            .a
+            .post_send(a.qp, SendWr::new(i as u64, opcode, vec![sg]))
+        {
+            errs.push(format!("post_send: {e}"));
+        }
+        bytes += if opcode.is_atomic() { 8 } else { size as u64 };
+    }
+    (bytes, want_b)
+}
+
+/// Every completion on both sides: the count, the status, the order and, with an immediate,
+/// its value.
+fn check_completions(run: &OpRun, wa: &[Wc], wb: &[Wc], want_b: usize, errs: &mut Vec<String>) {
+    let n = run.n;
+    check(
+        wa.len() == n,
+        format!("{} send completions, want {n}", wa.len()),
+        errs,
+    );
+    for (i, w) in wa.iter().enumerate() {
+        check(
+            w.status == WcStatus::Success && w.wr_id == i as u64,
+            format!("send completion {i}: {:?} {}", w.status, w.wr_id),
+            errs,
+        );
+    }
+    check(
+        wb.len() == want_b,
+        format!("{} receive completions, want {want_b}", wb.len()),
+        errs,
+    );
+    for (i, w) in wb.iter().enumerate() {
+        let ok = w.status == WcStatus::Success && w.wr_id == i as u64;
+        let imm_ok = match run.op {
+            "SEND_WITH_IMM" => {
+                w.imm_data == 0x1000 + i as u32 && w.wc_flags.contains(WcFlags::WITH_IMM)
+            }
+            "RDMA_WRITE_WITH_IMM" => {
+                w.imm_data == 0x2000 + i as u32 && w.opcode == WcOpcode::RecvRdmaWithImm
+            }
+            _ => true,
+        };
+        check(ok && imm_ok, format!("receive completion {i}: {w:?}"), errs);
+    }
+}
+
+/// The bytes where the operation left them: B's region after a SEND or WRITE, A's after a
+/// READ, B's counter and A's fetched values after the atomics.
+fn check_bytes(ctx: &Ctx, a: &Side, b: &Side, run: &OpRun, errs: &mut Vec<String>) {
+    let (n, size, stride) = (run.n, run.size, run.stride);
+    let bm = ctx.p.b.mr_bytes(b.mr.lkey).unwrap().to_vec();
+    let am = ctx.p.a.mr_bytes(a.mr.lkey).unwrap().to_vec();
+    match run.op {
+        "SEND" | "SEND_WITH_IMM" | "RDMA_WRITE" | "RDMA_WRITE_WITH_IMM" => {
+            for i in 0..n {
+                let off = i * stride;
+                check(
+                    bm[off..off + size] == run.msg(i)[..],
+                    format!("message {i} bytes differ"),
+                    errs,
+                );
+            }
+        }
+        "RDMA_READ" => {
+            for i in 0..n {
+                let off = i * stride;
+                check(
+                    am[off..off + size] == run.msg(i)[..],
+                    format!("read {i} bytes differ"),
+                    errs,
+                );
+            }
+        }
+        "FETCH_ADD" => {
+            let sum: u64 = (1..=n as u64).sum();
+            let v = u64::from_le_bytes(bm[0..8].try_into().unwrap());
+            check(
+                v == sum,
+                format!("counter {v}, want {sum}: an add lost or applied twice"),
+                errs,
+            );
+            for i in 0..n {
+                let got = u64::from_le_bytes(am[i * stride..i * stride + 8].try_into().unwrap());
+                let want: u64 = (1..=i as u64).sum();
+                check(
+                    got == want,
+                    format!("fetch {i} returned {got}, want {want}"),
+                    errs,
+                );
+            }
+        }
+        _ => {
+            let v = u64::from_le_bytes(bm[0..8].try_into().unwrap());
+            check(
+                v == n as u64,
+                format!("cmp-swap chain ended at {v}, want {n}"),
+                errs,
+            );
+        }
+    }
 }
 
 fn run_ud(ctx: &mut Ctx, count: usize, size: usize) -> Row {

@@ -3,8 +3,9 @@
 //! * [`demo`]: `rocemu demo`, every verb between two RNICs in one process, then RC over a lossy
 //!   in-process cable.
 //! * [`perf`]: `rocemu perf` in process, perftest's benchmarks on two RNICs driven by one thread.
-//! * [`remote`]: one end per process over a datapath — `rocemu pingpong` and `rocemu perf --dev`,
-//!   facing `ibv_*_pingpong` and perftest's `ib_*_bw` / `ib_*_lat`.
+//! * [`remote`]: one end per process over a datapath (an [`remote::Endpoint`]) and perftest's end
+//!   on it, `rocemu perf --dev`, facing perftest's `ib_*_bw` / `ib_*_lat` (its work on the RNIC
+//!   is in `perf_end.rs`); [`pingpong`]: `rocemu pingpong`, facing `ibv_*_pingpong`.
 //! * [`rping`]: librdmacm's `rping` on RoCEmu; [`rdmacm`]: the rdma_cm steps the tools share
 //!   (resolve, connect, accept over the IB CM); [`perftest_cm`]: perftest's `-R`.
 //! * [`oob`]: the TCP exchanges of `ibv_rc_pingpong` ([`oob::rc_pingpong`]) and perftest
@@ -23,8 +24,10 @@ pub mod demo;
 pub mod forge_cm;
 pub mod oob;
 pub mod perf;
+pub(crate) mod perf_end;
 pub(crate) mod perftest;
 pub mod perftest_cm;
+pub mod pingpong;
 pub mod rdmacm;
 pub mod remote;
 pub mod rping;

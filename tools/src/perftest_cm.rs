@@ -31,11 +31,9 @@ use crate::oob::{
     mtu_to_enum, DestForm, OobError, OobErrorKind, OobResult, PerftestDest, PerftestTest,
     PerftestXchg, Role, SysData,
 };
+use crate::perf_end::{dests, perf_setup, post_server_recvs, RX_DEPTH};
 use crate::rdmacm::{server_ip, Cm, RcConn, RcSide, CM_TIMEOUT};
-use crate::remote::{
-    data_phase, dests, perf_setup, post_server_recvs, random_psn, Endpoint, Exchange, PerfOpts,
-    PerfOutcome, Step, RX_DEPTH,
-};
+use crate::remote::{data_phase, random_psn, Endpoint, Exchange, PerfOpts, PerfOutcome, Step};
 use rocemu_emulator::cm::CmEvent;
 use rocemu_emulator::rnic::mr::MrInfo;
 use rocemu_emulator::rnic::*;
@@ -319,7 +317,7 @@ pub(crate) fn perf(ep: &mut Endpoint, o: &PerfOpts) -> Result<PerfOutcome, Strin
     // each side's responder resources and initiator depth from them.
     let reads = match o.test {
         crate::perf::Test::Read | crate::perf::Test::Atomic { .. } => {
-            crate::remote::own_out_reads(ep, o) as u8
+            crate::perf_end::own_out_reads(ep, o) as u8
         }
         _ => 0,
     };

@@ -4,7 +4,8 @@
 //! failure a missing immediate gives, and `--op write`'s rkey:vaddr message. No root needed.
 mod common;
 use rocemu_emulator::rnic::*;
-use rocemu_tools::remote::{pingpong, ImmOp, PingpongOpts, WriteKey};
+use rocemu_tools::oob::imm_pingpong::WriteKey;
+use rocemu_tools::pingpong::{pingpong, ImmOp, PingpongOpts};
 use std::net::TcpListener;
 
 fn free_tcp_port() -> u16 {

@@ -8,7 +8,8 @@ mod common;
 use rocemu_emulator::port::pipe::pipe;
 use rocemu_emulator::rnic::*;
 use rocemu_tools::perf::Test;
-use rocemu_tools::remote::{perf, pingpong, PerfOpts, PingpongOpts};
+use rocemu_tools::pingpong::{pingpong, PingpongOpts};
+use rocemu_tools::remote::{perf, PerfOpts};
 use rocemu_wire::eth::Mac;
 
 fn pp(server: Option<&str>, transport: QpType) -> PingpongOpts {

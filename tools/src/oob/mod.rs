@@ -1,7 +1,7 @@
 //! The out-of-band TCP exchanges of rdma-core's `ibv_rc_pingpong` ([`rc_pingpong`]) and of
 //! perftest's `ib_*_bw` / `ib_*_lat` ([`perftest`]), byte for byte, so that RoCEmu can be either
-//! end against the real tools. The two are unrelated protocols; this module holds what they
-//! share: the errors, the deadlines and `MsgStream`, a TCP connection that carries whole
+//! end against the real tools, and `imm_pingpong --op write`'s variant of the first
+//! ([`imm_pingpong`]). The two are unrelated protocols; this module holds what they share: the errors, the deadlines and `MsgStream`, a TCP connection that carries whole
 //! fixed-length messages.
 //!
 //! Invariants: std only, blocking [`std::net`] sockets; every read and write has a deadline
@@ -16,6 +16,7 @@
 //! Written from a reading of `libibverbs/examples/{rc_pingpong,pingpong}.c` and of perftest's
 //! `src/{perftest_communication,perftest_parameters,perftest_resources}.c` and
 //! `src/{write,read,send,atomic}_{bw,lat}.c`; none of their code is used here.
+pub mod imm_pingpong;
 pub mod perftest;
 pub mod rc_pingpong;
 
