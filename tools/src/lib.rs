@@ -2,7 +2,12 @@
 //!
 //! * [`demo`]: `rocemu demo`, every verb between two RNICs in one process, then RC over a lossy
 //!   in-process cable.
-//! * [`perf`]: `rocemu perf` in process, perftest's benchmarks on two RNICs driven by one thread.
+//! * `perftest` (crate-private): perftest's benchmarks written once — bandwidth with CQ
+//!   moderation, one-at-a-time and ping-pong latency, the `--verify` read-back, a server's SEND
+//!   receiver, the report and perftest's table lines — over an `End`: the RNIC to post to and
+//!   poll, and one turn of its datapath.
+//! * [`perf`]: `rocemu perf` in process: two RNICs driven by one thread, A the engine's end
+//!   (its datapath turn moves frames to B and back), B's receiver its peer's loop.
 //! * [`remote`]: one end per process over a datapath (an [`remote::Endpoint`]) and perftest's end
 //!   on it, `rocemu perf --dev`, facing perftest's `ib_*_bw` / `ib_*_lat` (its work on the RNIC
 //!   is in `perf_end.rs`); [`pingpong`]: `rocemu pingpong`, facing `ibv_*_pingpong`.
