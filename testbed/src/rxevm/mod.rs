@@ -40,12 +40,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// The guest recipe, compiled in: `build_guest` writes it into the work folder and runs it.
-const BUILD_SCRIPT: &str = include_str!("../rxevm/build-guest.sh");
-const INIT: &str = include_str!("../rxevm/init");
+const BUILD_SCRIPT: &str = include_str!("../../rxevm/build-guest.sh");
+const INIT: &str = include_str!("../../rxevm/init");
 /// Our tool for immediate data in the guest (no packaged one sends it); the script compiles it.
-const IMM_PINGPONG: &str = include_str!("../rxevm/imm_pingpong.c");
+const IMM_PINGPONG: &str = include_str!("../../rxevm/imm_pingpong.c");
 /// The conformance suite's agent over libibverbs (`docs/agent-protocol.md`); the script compiles it.
-const IBV_AGENT: &str = include_str!("../rxevm/ibv_agent.c");
+const IBV_AGENT: &str = include_str!("../../rxevm/ibv_agent.c");
 
 /// The bridge, in every lab's namespace.
 pub const BRIDGE: &str = "rxebr0";
