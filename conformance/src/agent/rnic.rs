@@ -220,131 +220,42 @@ fn mr_range(
     }
 }
 
-/// Runs one request on `rnic` (`poll_cq` without waiting).
+/// Runs one request on `rnic` (`poll_cq` without waiting). One arm per operation of the agent
+/// protocol; the arms longer than a line or two are the functions below, in the same order.
 pub fn execute(rnic: &mut Rnic, objs: &mut Objects, req: Request) -> AgentResult<Reply> {
     Ok(match req {
-        Request::Hello { version } => {
-            if !(MIN_PROTOCOL_VERSION..=PROTOCOL_VERSION).contains(&version) {
-                return Err(AgentError(format!(
-                    "protocol version {version} not served (this agent speaks {MIN_PROTOCOL_VERSION} to {PROTOCOL_VERSION})"
-                )));
-            }
-            Reply::Hello(Hello {
-                version,
-                agent: format!("rocemu {}", env!("CARGO_PKG_VERSION")),
-            })
-        }
-        Request::QueryDevice => Reply::Device(DeviceInfo {
-            mac: rnic.mac(),
-            gids: rnic.ips().to_vec(),
-            active_mtu: rnic.active_mtu().bytes() as u32,
-            name: format!("rocemu fw {}", rnic.query_device().fw_ver),
-        }),
+        Request::Hello { version } => hello(version)?,
+        Request::QueryDevice => query_device(rnic),
         Request::AllocPd => Reply::Pd(rnic.alloc_pd().0),
         // RoCEmu keeps PDs and CQs until the device goes away: nothing to release.
         Request::DeallocPd { .. } | Request::DestroyCq { .. } => Reply::Done,
-        Request::RegMr { pd, length, access } => {
-            let len = usize::try_from(length)
-                .ok()
-                .filter(|&l| l <= 1 << 30)
-                .ok_or_else(|| AgentError(format!("length {length}: at most 1 GiB")))?;
-            let m = rnic.reg_mr(r::PdId(pd), len, access).map_err(verbs)?;
-            objs.mrs.push(m.lkey);
-            Reply::Mr(MrInfo {
-                addr: m.addr,
-                length: m.length,
-                lkey: m.lkey,
-                rkey: RKey(m.rkey),
-            })
-        }
+        Request::RegMr { pd, length, access } => reg_mr(rnic, objs, pd, length, access)?,
         Request::DeregMr { lkey } => {
             rnic.dereg_mr(lkey).map_err(verbs)?;
             objs.mrs.retain(|k| *k != lkey);
             Reply::Done
         }
-        Request::WriteMr { lkey, offset, data } => {
-            let range = mr_range(rnic, lkey, offset, data.len() as u64)?;
-            if let Some(b) = rnic.mr_bytes_mut(lkey) {
-                b[range].copy_from_slice(&data);
-            }
-            Reply::Done
-        }
+        Request::WriteMr { lkey, offset, data } => write_mr(rnic, lkey, offset, &data)?,
         Request::ReadMr {
             lkey,
             offset,
             length,
-        } => {
-            let range = mr_range(rnic, lkey, offset, length.min(1 << 24))?;
-            Reply::Data(
-                rnic.mr_bytes(lkey)
-                    .map(|b| b[range].to_vec())
-                    .unwrap_or_default(),
-            )
-        }
+        } => read_mr(rnic, lkey, offset, length)?,
         Request::CreateCq { cqe } => Reply::Cq(rnic.create_cq(cqe as usize).map_err(verbs)?.0),
-        Request::CreateQp(i) => {
-            let init = r::QpInitAttr {
-                qp_type: i.qp_type,
-                send_cq: r::CqId(i.send_cq),
-                recv_cq: r::CqId(i.recv_cq),
-                srq: None,
-                cap: r::QpCap {
-                    max_send_wr: i.max_send_wr,
-                    max_recv_wr: i.max_recv_wr,
-                    max_send_sge: i.max_send_sge,
-                    max_recv_sge: i.max_recv_sge,
-                    max_inline_data: i.max_inline_data,
-                },
-                sq_sig_all: i.sq_sig_all,
-            };
-            let q = rnic.create_qp(r::PdId(i.pd), init).map_err(verbs)?;
-            objs.qps.push(q);
-            Reply::Qp(q)
-        }
+        Request::CreateQp(i) => create_qp(rnic, objs, &i)?,
         Request::ModifyQp { qpn, attr } => {
             let cur = rnic.query_qp(qpn).map_err(verbs)?;
             let (a, mask) = qp_attr(cur, &attr)?;
             rnic.modify_qp(qpn, &a, mask).map_err(verbs)?;
             Reply::Done
         }
-        Request::QueryQp { qpn } => {
-            let a = rnic.query_qp(qpn).map_err(verbs)?;
-            Reply::QpAttr(QpInfo {
-                qp_state: a.qp_state,
-                dest_qp_num: a.dest_qp_num,
-                rq_psn: a.rq_psn,
-                sq_psn: a.sq_psn,
-                path_mtu: a.path_mtu.bytes() as u32,
-                qkey: a.qkey,
-                qp_access_flags: a.qp_access_flags,
-                min_rnr_timer: a.min_rnr_timer,
-                timeout: a.timeout,
-                retry_cnt: a.retry_cnt,
-                rnr_retry: a.rnr_retry,
-                max_rd_atomic: a.max_rd_atomic,
-                max_dest_rd_atomic: a.max_dest_rd_atomic,
-            })
-        }
+        Request::QueryQp { qpn } => query_qp(rnic, qpn)?,
         Request::DestroyQp { qpn } => {
             rnic.destroy_qp(qpn).map_err(verbs)?;
             objs.qps.retain(|q| *q != qpn);
             Reply::Done
         }
-        Request::PostSend { qpn, wr } => {
-            let mut w = r::SendWr::new(wr.wr_id, wr_opcode(&wr), sges(&wr.sg));
-            w.flags = if wr.signaled {
-                r::SendFlags::SIGNALED
-            } else {
-                r::SendFlags::default()
-            };
-            w.ud = wr.ud.map(|u| r::UdDest {
-                ah: ah_attr(&u.ah),
-                remote_qpn: u.remote_qpn,
-                remote_qkey: u.remote_qkey,
-            });
-            rnic.post_send(qpn, w).map_err(verbs)?;
-            Reply::Done
-        }
+        Request::PostSend { qpn, wr } => post_send(rnic, qpn, wr)?,
         Request::PostRecv { qpn, wr } => {
             let w = r::RecvWr {
                 wr_id: wr.wr_id,
@@ -359,14 +270,7 @@ pub fn execute(rnic: &mut Rnic, objs: &mut Objects, req: Request) -> AgentResult
                 .map(completion)
                 .collect(),
         ),
-        Request::CmListen { port } => {
-            if objs.cm.is_none() {
-                let filter = objs.cm_psn_filter.take();
-                objs.cm = Some(CmService::new(rnic, filter)?);
-            }
-            objs.cm_mut("cm_listen")?.listen(port)?;
-            Reply::Done
-        }
+        Request::CmListen { port } => cm_listen(rnic, objs, port)?,
         Request::CmConnections => Reply::CmConns(
             objs.cm
                 .as_ref()
@@ -381,17 +285,148 @@ pub fn execute(rnic: &mut Rnic, objs: &mut Objects, req: Request) -> AgentResult
             objs.cm_mut("cm_stop")?.stop(rnic, port)?;
             Reply::Done
         }
-        Request::Reset => {
-            if let Some(cm) = objs.cm.as_mut() {
-                cm.reset(rnic);
-            }
-            for q in std::mem::take(&mut objs.qps) {
-                let _ = rnic.destroy_qp(q);
-            }
-            for k in std::mem::take(&mut objs.mrs) {
-                let _ = rnic.dereg_mr(k);
-            }
-            Reply::Done
-        }
+        Request::Reset => reset(rnic, objs),
     })
+}
+
+/// `hello`: the version is the client's, if this agent serves it.
+fn hello(version: u32) -> AgentResult<Reply> {
+    if !(MIN_PROTOCOL_VERSION..=PROTOCOL_VERSION).contains(&version) {
+        return Err(AgentError(format!(
+            "protocol version {version} not served (this agent speaks {MIN_PROTOCOL_VERSION} to {PROTOCOL_VERSION})"
+        )));
+    }
+    Ok(Reply::Hello(Hello {
+        version,
+        agent: format!("rocemu {}", env!("CARGO_PKG_VERSION")),
+    }))
+}
+
+fn query_device(rnic: &Rnic) -> Reply {
+    Reply::Device(DeviceInfo {
+        mac: rnic.mac(),
+        gids: rnic.ips().to_vec(),
+        active_mtu: rnic.active_mtu().bytes() as u32,
+        name: format!("rocemu fw {}", rnic.query_device().fw_ver),
+    })
+}
+
+/// `reg_mr`, at most 1 GiB; the region is the session's until `dereg_mr` or `reset`.
+fn reg_mr(
+    rnic: &mut Rnic,
+    objs: &mut Objects,
+    pd: u32,
+    length: u64,
+    access: Access,
+) -> AgentResult<Reply> {
+    let len = usize::try_from(length)
+        .ok()
+        .filter(|&l| l <= 1 << 30)
+        .ok_or_else(|| AgentError(format!("length {length}: at most 1 GiB")))?;
+    let m = rnic.reg_mr(r::PdId(pd), len, access).map_err(verbs)?;
+    objs.mrs.push(m.lkey);
+    Ok(Reply::Mr(MrInfo {
+        addr: m.addr,
+        length: m.length,
+        lkey: m.lkey,
+        rkey: RKey(m.rkey),
+    }))
+}
+
+fn write_mr(rnic: &mut Rnic, lkey: u32, offset: u64, data: &[u8]) -> AgentResult<Reply> {
+    let range = mr_range(rnic, lkey, offset, data.len() as u64)?;
+    if let Some(b) = rnic.mr_bytes_mut(lkey) {
+        b[range].copy_from_slice(data);
+    }
+    Ok(Reply::Done)
+}
+
+/// `read_mr`, at most 16 MiB of it.
+fn read_mr(rnic: &Rnic, lkey: u32, offset: u64, length: u64) -> AgentResult<Reply> {
+    let range = mr_range(rnic, lkey, offset, length.min(1 << 24))?;
+    Ok(Reply::Data(
+        rnic.mr_bytes(lkey)
+            .map(|b| b[range].to_vec())
+            .unwrap_or_default(),
+    ))
+}
+
+/// `create_qp` without an SRQ; the QP is the session's until `destroy_qp` or `reset`.
+fn create_qp(rnic: &mut Rnic, objs: &mut Objects, i: &QpInit) -> AgentResult<Reply> {
+    let init = r::QpInitAttr {
+        qp_type: i.qp_type,
+        send_cq: r::CqId(i.send_cq),
+        recv_cq: r::CqId(i.recv_cq),
+        srq: None,
+        cap: r::QpCap {
+            max_send_wr: i.max_send_wr,
+            max_recv_wr: i.max_recv_wr,
+            max_send_sge: i.max_send_sge,
+            max_recv_sge: i.max_recv_sge,
+            max_inline_data: i.max_inline_data,
+        },
+        sq_sig_all: i.sq_sig_all,
+    };
+    let q = rnic.create_qp(r::PdId(i.pd), init).map_err(verbs)?;
+    objs.qps.push(q);
+    Ok(Reply::Qp(q))
+}
+
+fn query_qp(rnic: &Rnic, qpn: Qpn) -> AgentResult<Reply> {
+    let a = rnic.query_qp(qpn).map_err(verbs)?;
+    Ok(Reply::QpAttr(QpInfo {
+        qp_state: a.qp_state,
+        dest_qp_num: a.dest_qp_num,
+        rq_psn: a.rq_psn,
+        sq_psn: a.sq_psn,
+        path_mtu: a.path_mtu.bytes() as u32,
+        qkey: a.qkey,
+        qp_access_flags: a.qp_access_flags,
+        min_rnr_timer: a.min_rnr_timer,
+        timeout: a.timeout,
+        retry_cnt: a.retry_cnt,
+        rnr_retry: a.rnr_retry,
+        max_rd_atomic: a.max_rd_atomic,
+        max_dest_rd_atomic: a.max_dest_rd_atomic,
+    }))
+}
+
+fn post_send(rnic: &mut Rnic, qpn: Qpn, wr: SendWr) -> AgentResult<Reply> {
+    let mut w = r::SendWr::new(wr.wr_id, wr_opcode(&wr), sges(&wr.sg));
+    w.flags = if wr.signaled {
+        r::SendFlags::SIGNALED
+    } else {
+        r::SendFlags::default()
+    };
+    w.ud = wr.ud.map(|u| r::UdDest {
+        ah: ah_attr(&u.ah),
+        remote_qpn: u.remote_qpn,
+        remote_qkey: u.remote_qkey,
+    });
+    rnic.post_send(qpn, w).map_err(verbs)?;
+    Ok(Reply::Done)
+}
+
+/// `cm_listen`: the first one starts the CM service (with the PSN filter, if a test set one).
+fn cm_listen(rnic: &mut Rnic, objs: &mut Objects, port: u16) -> AgentResult<Reply> {
+    if objs.cm.is_none() {
+        let filter = objs.cm_psn_filter.take();
+        objs.cm = Some(CmService::new(rnic, filter)?);
+    }
+    objs.cm_mut("cm_listen")?.listen(port)?;
+    Ok(Reply::Done)
+}
+
+/// `reset`: takes down what the session made (CM connections, QPs, MRs), ignoring failures.
+fn reset(rnic: &mut Rnic, objs: &mut Objects) -> Reply {
+    if let Some(cm) = objs.cm.as_mut() {
+        cm.reset(rnic);
+    }
+    for q in std::mem::take(&mut objs.qps) {
+        let _ = rnic.destroy_qp(q);
+    }
+    for k in std::mem::take(&mut objs.mrs) {
+        let _ = rnic.dereg_mr(k);
+    }
+    Reply::Done
 }
