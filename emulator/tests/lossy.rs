@@ -53,6 +53,20 @@ struct Place {
     b: usize,
 }
 
+/// Per QP, what was posted and what must come back.
+struct Expect {
+    /// The sum of every FETCH_ADD: the counter's final value at B.
+    sums: Vec<u64>,
+    /// Every SEND as (id, length): the receives B must complete, in order.
+    sends: Vec<Vec<(u64, u32)>>,
+}
+
+/// Per QP, the completions polled at A (`done`) and at B (`recv`).
+struct Completions {
+    done: Vec<Vec<Wc>>,
+    recv: Vec<Vec<Wc>>,
+}
+
 fn run(
     seed: u64,
     mtu: Mtu,
@@ -74,7 +88,20 @@ fn run(
         rnr_retry: 7,
         ..Default::default()
     };
-    // Ops are dealt round robin to the QPs; each gets its own buffers.
+    let (plan, cursor) = plan_ops(seed, nqps, ops);
+    let qs = set_up_qps(&mut p, &cursor, &opts);
+    let expect = post_all(&mut p, &qs, &plan);
+    let got = drive_to_completion(&mut p, &qs, &plan)?;
+    for (qi, q) in qs.iter().enumerate() {
+        check_qp(&p, q, qi, &plan, &got, &expect)?;
+    }
+    let _ = Nanos::ZERO;
+    Ok(())
+}
+
+/// Deals the ops round robin to the QPs and gives each message its own buffers; returns the
+/// plan per QP and each QP's buffer sizes (A, B) so far.
+fn plan_ops(seed: u64, nqps: usize, ops: Vec<Op>) -> (Vec<Vec<Planned>>, Vec<(usize, usize)>) {
     let mut plan: Vec<Vec<Planned>> = vec![Vec::new(); nqps];
     let mut cursor = vec![(16usize, 16usize); nqps];
     for (i, op) in ops.into_iter().enumerate() {
@@ -92,6 +119,11 @@ fn run(
         cursor[q].1 += n + 8;
         plan[q].push((i as u64, op, data, place));
     }
+    (plan, cursor)
+}
+
+/// One connected RC QP pair per cursor, with CQs and memory regions big enough for its plan.
+fn set_up_qps(p: &mut Pair, cursor: &[(usize, usize)], opts: &ConnectOpts) -> Vec<Q> {
     let mut qs = Vec::new();
     for (qi, c) in cursor.iter().enumerate() {
         let _ = qi;
@@ -118,7 +150,7 @@ fn run(
         let qb = p.b.create_qp(pdb, init(cqb)).unwrap();
         let mra = p.a.reg_mr(pda, c.0 + 64, Access::ALL).unwrap();
         let mrb = p.b.reg_mr(pdb, c.1 + 64, Access::ALL).unwrap();
-        p.connect(qa, qb, &opts).unwrap();
+        p.connect(qa, qb, opts).unwrap();
         qs.push(Q {
             qa,
             qb,
@@ -128,6 +160,12 @@ fn run(
             mrb,
         });
     }
+    qs
+}
+
+/// Fills the source buffers, posts B's receives and A's sends, and notes what must come back.
+fn post_all(p: &mut Pair, qs: &[Q], plan: &[Vec<Planned>]) -> Expect {
+    let nqps = qs.len();
     let mut sums = vec![0u64; nqps];
     let mut sends = vec![Vec::new(); nqps];
     for (qi, q) in qs.iter().enumerate() {
@@ -196,13 +234,20 @@ fn run(
             p.a.post_send(q.qa, w).unwrap();
         }
     }
+    Expect { sums, sends }
+}
+
+/// Runs the wire until every send has completed at A, then a while longer so the last
+/// acknowledgements settle.
+fn drive_to_completion(
+    p: &mut Pair,
+    qs: &[Q],
+    plan: &[Vec<Planned>],
+) -> Result<Completions, TestCaseError> {
+    let nqps = qs.len();
     let mut done = vec![Vec::new(); nqps];
     let mut recv = vec![Vec::new(); nqps];
     let total: usize = plan.iter().map(|v| v.len()).sum();
-    let plan_ids: Vec<Vec<u64>> = plan
-        .iter()
-        .map(|v| v.iter().map(|x| x.0).collect())
-        .collect();
     let r = p.drive_until(2_000_000, |p| {
         for (qi, q) in qs.iter().enumerate() {
             p.a.poll_cq_into(q.cqa, 1 << 20, &mut done[qi]);
@@ -220,51 +265,63 @@ fn run(
         qs.iter().map(|q| p.b.debug_qp(q.qb)).collect::<Vec<_>>()
     );
     p.drive(1_000_000).map_err(TestCaseError::fail)?;
-    for (qi, q) in qs.iter().enumerate() {
-        let d = &done[qi];
-        let ids: Vec<u64> = d.iter().map(|w| w.wr_id).collect();
-        let want = &plan_ids[qi];
-        prop_assert_eq!(&ids, want, "completions in order");
-        let first_err = d.iter().position(|w| w.status != WcStatus::Success);
-        if let Some(e) = first_err {
-            // The defined error state: one transport error, then flushes, QP in ERR.
-            prop_assert!(
-                matches!(d[e].status, WcStatus::RetryExcErr),
-                "unexpected error {:?} (counters A {:?})",
-                d[e],
-                p.a.counters()
-            );
-            prop_assert!(d[e + 1..].iter().all(|w| w.status == WcStatus::WrFlushErr));
-            prop_assert_eq!(p.a.qp_state(q.qa).unwrap(), QpState::Err);
-            continue;
-        }
-        // Receives: exactly the sends, in order, once each.
-        let got: Vec<(u64, u32)> = recv[qi].iter().map(|w| (w.wr_id, w.byte_len)).collect();
-        prop_assert_eq!(&got, &sends[qi], "every send delivered once, in order");
-        prop_assert!(recv[qi].iter().all(|w| w.status == WcStatus::Success));
-        let ma = p.a.mr_bytes(q.mra.lkey).unwrap();
-        let mb = p.b.mr_bytes(q.mrb.lkey).unwrap();
-        let v = u64::from_le_bytes(mb[8..16].try_into().unwrap());
-        prop_assert_eq!(v, sums[qi], "sum of every add, nothing twice, nothing lost");
-        let mut acc = 0u64;
-        for (id, op, data, pl) in plan[qi].iter() {
-            match op {
-                Op::Send(n) | Op::Write(n) => {
-                    prop_assert!(mb[pl.b..pl.b + n] == data[..], "message {} bytes at B", id)
-                }
-                Op::Read(n) => {
-                    prop_assert!(ma[pl.a..pl.a + n] == data[..], "read {} bytes at A", id)
-                }
-                Op::FetchAdd(add) => {
-                    // The fetched values are the running sums before each add, in order.
-                    let got = u64::from_le_bytes(ma[pl.a..pl.a + 8].try_into().unwrap());
-                    prop_assert_eq!(got, acc);
-                    acc += add;
-                }
+    Ok(Completions { done, recv })
+}
+
+/// One QP's outcome: completions in plan order, and either the defined error state or every
+/// message delivered once, byte for byte, and every atomic applied once.
+fn check_qp(
+    p: &Pair,
+    q: &Q,
+    qi: usize,
+    plan: &[Vec<Planned>],
+    got: &Completions,
+    expect: &Expect,
+) -> Result<(), TestCaseError> {
+    // The same names as the assertions' text (`prop_assert!` prints it) had in one function.
+    let (d, recv) = (&got.done[qi], &got.recv);
+    let (sums, sends) = (&expect.sums, &expect.sends);
+    let ids: Vec<u64> = d.iter().map(|w| w.wr_id).collect();
+    let want: &Vec<u64> = &plan[qi].iter().map(|x| x.0).collect();
+    prop_assert_eq!(&ids, want, "completions in order");
+    let first_err = d.iter().position(|w| w.status != WcStatus::Success);
+    if let Some(e) = first_err {
+        // The defined error state: one transport error, then flushes, QP in ERR.
+        prop_assert!(
+            matches!(d[e].status, WcStatus::RetryExcErr),
+            "unexpected error {:?} (counters A {:?})",
+            d[e],
+            p.a.counters()
+        );
+        prop_assert!(d[e + 1..].iter().all(|w| w.status == WcStatus::WrFlushErr));
+        prop_assert_eq!(p.a.qp_state(q.qa).unwrap(), QpState::Err);
+        return Ok(());
+    }
+    // Receives: exactly the sends, in order, once each.
+    let got: Vec<(u64, u32)> = recv[qi].iter().map(|w| (w.wr_id, w.byte_len)).collect();
+    prop_assert_eq!(&got, &sends[qi], "every send delivered once, in order");
+    prop_assert!(recv[qi].iter().all(|w| w.status == WcStatus::Success));
+    let ma = p.a.mr_bytes(q.mra.lkey).unwrap();
+    let mb = p.b.mr_bytes(q.mrb.lkey).unwrap();
+    let v = u64::from_le_bytes(mb[8..16].try_into().unwrap());
+    prop_assert_eq!(v, sums[qi], "sum of every add, nothing twice, nothing lost");
+    let mut acc = 0u64;
+    for (id, op, data, pl) in plan[qi].iter() {
+        match op {
+            Op::Send(n) | Op::Write(n) => {
+                prop_assert!(mb[pl.b..pl.b + n] == data[..], "message {} bytes at B", id)
+            }
+            Op::Read(n) => {
+                prop_assert!(ma[pl.a..pl.a + n] == data[..], "read {} bytes at A", id)
+            }
+            Op::FetchAdd(add) => {
+                // The fetched values are the running sums before each add, in order.
+                let got = u64::from_le_bytes(ma[pl.a..pl.a + 8].try_into().unwrap());
+                prop_assert_eq!(got, acc);
+                acc += add;
             }
         }
     }
-    let _ = Nanos::ZERO;
     Ok(())
 }
 

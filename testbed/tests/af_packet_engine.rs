@@ -7,8 +7,10 @@ use rocemu_emulator::engine::Engine;
 use rocemu_emulator::inproc::pattern;
 use rocemu_emulator::port::af_packet::{AfPacketOptions, AfPacketPort, KernelGuard};
 use rocemu_emulator::port::Port;
+use rocemu_emulator::rnic::mr::MrInfo;
 use rocemu_emulator::rnic::*;
 use rocemu_testbed::netns::VethPair;
+use rocemu_wire::eth::Mac;
 use rocemu_wire::{Psn, Qpn};
 use std::net::IpAddr;
 use std::sync::mpsc;
@@ -25,6 +27,19 @@ struct Dest {
 const LEN: usize = 256 * 1024;
 const T: Duration = Duration::from_secs(20);
 
+/// One side's RNIC, engine and verbs objects. Fields drop in order: the engine (and its port)
+/// and the RNIC before the kernel guard, as the locals of one function did.
+struct Side {
+    r: Rnic,
+    e: Engine,
+    cq: CqId,
+    mr: MrInfo,
+    qpn: Qpn,
+    psn: Psn,
+    active: bool,
+    _guard: KernelGuard,
+}
+
 fn side(
     ns: String,
     ifname: String,
@@ -34,93 +49,137 @@ fn side(
     tx: mpsc::Sender<Dest>,
     rx: mpsc::Receiver<Dest>,
 ) -> Result<String, String> {
-    rocemu_testbed::netns::enter(&ns)?;
-    // The filter for our own address only: what the engine and the RNIC need still comes in.
-    let opts = AfPacketOptions {
-        addrs: vec![me],
-        ..Default::default()
-    };
-    let port = AfPacketPort::open(&ifname, &opts).map_err(|e| e.0)?;
-    let _guard = KernelGuard::new();
-    let mut cfg = RnicConfig::new(port.mac(), me, if active { 11 } else { 22 });
-    cfg.eth_mtu = port.mtu();
-    let mut r = Rnic::new(cfg);
-    let mut e = Engine::new(Box::new(port));
-    let pd = r.alloc_pd();
-    let cq = r.create_cq(256).map_err(|e| e.to_string())?;
-    let mr = r
-        .reg_mr(
-            pd,
-            2 * LEN,
-            Access::LOCAL_WRITE
-                | Access::REMOTE_WRITE
-                | Access::REMOTE_READ
-                | Access::REMOTE_ATOMIC,
-        )
-        .map_err(|e| e.to_string())?;
-    let qpn = r
-        .create_qp(pd, QpInitAttr::new(QpType::Rc, cq))
-        .map_err(|e| e.to_string())?;
-    let psn = Psn::new(if active { 0x10 } else { 0xfffff0 });
-    tx.send(Dest {
-        qpn,
-        psn,
-        addr: mr.addr,
-        rkey: mr.rkey,
-    })
-    .unwrap();
-    // Keep answering ARP while the peer gets ready.
-    let mut theirs = None;
-    while theirs.is_none() {
-        theirs = match rx.try_recv() {
-            Ok(d) => Some(d),
-            Err(mpsc::TryRecvError::Empty) => None,
-            Err(mpsc::TryRecvError::Disconnected) => return Err("the peer thread gave up".into()),
-        };
-        let w = e.poll(&mut r);
-        e.idle(w);
-    }
-    let theirs = theirs.unwrap();
-    let mac = e.resolve(&mut r, peer, Duration::from_secs(5))?;
-    let mtu = r.active_mtu();
-    bring_up(
-        &mut r,
-        qpn,
-        theirs.qpn,
-        peer,
-        psn,
-        theirs.psn,
-        &ConnectOpts {
-            mtu,
-            ..Default::default()
-        },
-    )
-    .map_err(|e| e.to_string())?;
+    let mut s = Side::open(&ns, &ifname, me, active)?;
+    let theirs = s.exchange(&tx, &rx)?;
+    let mac = s.connect(peer, &theirs)?;
     if !active {
-        r.post_recv(
+        return s.serve(mac);
+    }
+    let data = s.write_then_read(&theirs)?;
+    s.fetch_add_then_send(&theirs, &data)?;
+    Ok(format!("active ok, peer at {mac}, {:?}", s.e.port_stats()))
+}
+
+impl Side {
+    /// Enters the namespace, opens the port and creates the PD, CQ, MR and QP.
+    fn open(ns: &str, ifname: &str, me: IpAddr, active: bool) -> Result<Side, String> {
+        rocemu_testbed::netns::enter(ns)?;
+        // The filter for our own address only: what the engine and the RNIC need still comes in.
+        let opts = AfPacketOptions {
+            addrs: vec![me],
+            ..Default::default()
+        };
+        let port = AfPacketPort::open(ifname, &opts).map_err(|e| e.0)?;
+        let guard = KernelGuard::new();
+        let mut cfg = RnicConfig::new(port.mac(), me, if active { 11 } else { 22 });
+        cfg.eth_mtu = port.mtu();
+        let mut r = Rnic::new(cfg);
+        let e = Engine::new(Box::new(port));
+        let pd = r.alloc_pd();
+        let cq = r.create_cq(256).map_err(|e| e.to_string())?;
+        let mr = r
+            .reg_mr(
+                pd,
+                2 * LEN,
+                Access::LOCAL_WRITE
+                    | Access::REMOTE_WRITE
+                    | Access::REMOTE_READ
+                    | Access::REMOTE_ATOMIC,
+            )
+            .map_err(|e| e.to_string())?;
+        let qpn = r
+            .create_qp(pd, QpInitAttr::new(QpType::Rc, cq))
+            .map_err(|e| e.to_string())?;
+        let psn = Psn::new(if active { 0x10 } else { 0xfffff0 });
+        Ok(Side {
+            r,
+            e,
+            cq,
+            mr,
             qpn,
-            RecvWr {
-                wr_id: 9,
-                sg_list: vec![Sge {
-                    addr: mr.addr + LEN as u64,
-                    length: LEN as u32,
-                    lkey: mr.lkey,
-                }],
+            psn,
+            active,
+            _guard: guard,
+        })
+    }
+
+    /// Sends our QP's coordinates and waits for the peer's.
+    fn exchange(
+        &mut self,
+        tx: &mpsc::Sender<Dest>,
+        rx: &mpsc::Receiver<Dest>,
+    ) -> Result<Dest, String> {
+        tx.send(Dest {
+            qpn: self.qpn,
+            psn: self.psn,
+            addr: self.mr.addr,
+            rkey: self.mr.rkey,
+        })
+        .unwrap();
+        // Keep answering ARP while the peer gets ready.
+        let mut theirs = None;
+        while theirs.is_none() {
+            theirs = match rx.try_recv() {
+                Ok(d) => Some(d),
+                Err(mpsc::TryRecvError::Empty) => None,
+                Err(mpsc::TryRecvError::Disconnected) => {
+                    return Err("the peer thread gave up".into())
+                }
+            };
+            let w = self.e.poll(&mut self.r);
+            self.e.idle(w);
+        }
+        Ok(theirs.unwrap())
+    }
+
+    /// Resolves the peer's MAC, brings the QP to RTS and, on the passive side, posts the
+    /// receive for the final SEND.
+    fn connect(&mut self, peer: IpAddr, theirs: &Dest) -> Result<Mac, String> {
+        let (r, e) = (&mut self.r, &mut self.e);
+        let mac = e.resolve(r, peer, Duration::from_secs(5))?;
+        let mtu = r.active_mtu();
+        bring_up(
+            r,
+            self.qpn,
+            theirs.qpn,
+            peer,
+            self.psn,
+            theirs.psn,
+            &ConnectOpts {
+                mtu,
+                ..Default::default()
             },
         )
         .map_err(|e| e.to_string())?;
+        if !self.active {
+            r.post_recv(
+                self.qpn,
+                RecvWr {
+                    wr_id: 9,
+                    sg_list: vec![Sge {
+                        addr: self.mr.addr + LEN as u64,
+                        length: LEN as u32,
+                        lkey: self.mr.lkey,
+                    }],
+                },
+            )
+            .map_err(|e| e.to_string())?;
+        }
+        Ok(mac)
     }
-    if !active {
-        // Passive: serve until the peer says it is done, then check what it sent.
+
+    /// Passive: serve until the peer says it is done, then check what it sent.
+    fn serve(mut self, mac: Mac) -> Result<String, String> {
+        let (r, e, cq) = (&mut self.r, &mut self.e, self.cq);
         let mut wcs = Vec::new();
-        if !e.run_until(&mut r, T, |r| {
+        if !e.run_until(r, T, |r| {
             r.poll_cq_into(cq, 4, &mut wcs);
             !wcs.is_empty()
         }) {
             return Err("passive side: no SEND arrived".into());
         }
         let want = pattern(3, 1000);
-        let got = &r.mr_bytes(mr.lkey).unwrap()[LEN..LEN + 1000];
+        let got = &r.mr_bytes(self.mr.lkey).unwrap()[LEN..LEN + 1000];
         if wcs[0].status != WcStatus::Success || got != &want[..] {
             return Err(format!(
                 "passive side: SEND completion {:?} or bytes wrong",
@@ -128,93 +187,98 @@ fn side(
             ));
         }
         // Let the last ACK go out before the port closes.
-        e.run_until(&mut r, Duration::from_millis(200), |_| false);
-        return Ok(format!("passive ok, peer at {mac}"));
+        e.run_until(r, Duration::from_millis(200), |_| false);
+        Ok(format!("passive ok, peer at {mac}"))
     }
-    let data = pattern(1, LEN);
-    r.mr_bytes_mut(mr.lkey).unwrap()[..LEN].copy_from_slice(&data);
-    let sge = |off: usize, len: usize| Sge {
-        addr: mr.addr + off as u64,
-        length: len as u32,
-        lkey: mr.lkey,
-    };
-    let ops = [
-        SendWr::new(
-            1,
-            WrOpcode::RdmaWrite {
-                remote_addr: theirs.addr,
-                rkey: theirs.rkey,
-            },
-            vec![sge(0, LEN)],
-        ),
-        SendWr::new(
-            2,
-            WrOpcode::RdmaRead {
-                remote_addr: theirs.addr,
-                rkey: theirs.rkey,
-            },
-            vec![sge(LEN, LEN)],
-        ),
-    ];
-    for wr in ops {
-        let id = wr.wr_id;
-        r.post_send(qpn, wr).map_err(|e| e.to_string())?;
-        let mut wcs = Vec::new();
-        if !e.run_until(&mut r, T, |r| {
-            r.poll_cq_into(cq, 4, &mut wcs);
-            !wcs.is_empty()
-        }) {
-            return Err(format!("wr {id}: no completion; {:?}", r.counters()));
-        }
-        if wcs[0].status != WcStatus::Success {
-            return Err(format!("wr {id}: {:?}", wcs[0]));
+
+    fn sge(&self, off: usize, len: usize) -> Sge {
+        Sge {
+            addr: self.mr.addr + off as u64,
+            length: len as u32,
+            lkey: self.mr.lkey,
         }
     }
-    if r.mr_bytes(mr.lkey).unwrap()[LEN..] != data[..] {
-        return Err("READ did not bring back what WRITE put there".into());
+
+    /// Active: WRITE a pattern to the peer, READ it back into the second half, compare.
+    /// Returns the pattern.
+    fn write_then_read(&mut self, theirs: &Dest) -> Result<Vec<u8>, String> {
+        let data = pattern(1, LEN);
+        self.r.mr_bytes_mut(self.mr.lkey).unwrap()[..LEN].copy_from_slice(&data);
+        let ops = [
+            SendWr::new(
+                1,
+                WrOpcode::RdmaWrite {
+                    remote_addr: theirs.addr,
+                    rkey: theirs.rkey,
+                },
+                vec![self.sge(0, LEN)],
+            ),
+            SendWr::new(
+                2,
+                WrOpcode::RdmaRead {
+                    remote_addr: theirs.addr,
+                    rkey: theirs.rkey,
+                },
+                vec![self.sge(LEN, LEN)],
+            ),
+        ];
+        let (r, e, cq) = (&mut self.r, &mut self.e, self.cq);
+        for wr in ops {
+            let id = wr.wr_id;
+            r.post_send(self.qpn, wr).map_err(|e| e.to_string())?;
+            let mut wcs = Vec::new();
+            if !e.run_until(r, T, |r| {
+                r.poll_cq_into(cq, 4, &mut wcs);
+                !wcs.is_empty()
+            }) {
+                return Err(format!("wr {id}: no completion; {:?}", r.counters()));
+            }
+            if wcs[0].status != WcStatus::Success {
+                return Err(format!("wr {id}: {:?}", wcs[0]));
+            }
+        }
+        if r.mr_bytes(self.mr.lkey).unwrap()[LEN..] != data[..] {
+            return Err("READ did not bring back what WRITE put there".into());
+        }
+        Ok(data)
     }
-    // FETCH_ADD on the first 8 bytes, then a SEND that tells the peer to check.
-    let before = u64::from_le_bytes(data[..8].try_into().unwrap());
-    r.post_send(
-        qpn,
-        SendWr::new(
+
+    /// Active: FETCH_ADD on the first 8 bytes, then a SEND that tells the peer to check.
+    fn fetch_add_then_send(&mut self, theirs: &Dest, data: &[u8]) -> Result<(), String> {
+        let before = u64::from_le_bytes(data[..8].try_into().unwrap());
+        let fetch_add = SendWr::new(
             3,
             WrOpcode::AtomicFetchAdd {
                 remote_addr: theirs.addr,
                 rkey: theirs.rkey,
                 add: 5,
             },
-            vec![sge(LEN, 8)],
-        ),
-    )
-    .map_err(|e| e.to_string())?;
-    r.mr_bytes_mut(mr.lkey).unwrap()[2 * LEN - 1000..].copy_from_slice(&pattern(3, 1000));
-    r.post_send(
-        qpn,
-        SendWr::new(4, WrOpcode::Send, vec![sge(2 * LEN - 1000, 1000)]),
-    )
-    .map_err(|e| e.to_string())?;
-    let mut wcs = Vec::new();
-    if !e.run_until(&mut r, T, |r| {
-        r.poll_cq_into(cq, 4, &mut wcs);
-        wcs.len() >= 2
-    }) {
-        return Err(format!("atomic + send: {wcs:?}"));
+            vec![self.sge(LEN, 8)],
+        );
+        let send = SendWr::new(4, WrOpcode::Send, vec![self.sge(2 * LEN - 1000, 1000)]);
+        let (r, e, cq, lkey) = (&mut self.r, &mut self.e, self.cq, self.mr.lkey);
+        r.post_send(self.qpn, fetch_add)
+            .map_err(|e| e.to_string())?;
+        r.mr_bytes_mut(lkey).unwrap()[2 * LEN - 1000..].copy_from_slice(&pattern(3, 1000));
+        r.post_send(self.qpn, send).map_err(|e| e.to_string())?;
+        let mut wcs = Vec::new();
+        if !e.run_until(r, T, |r| {
+            r.poll_cq_into(cq, 4, &mut wcs);
+            wcs.len() >= 2
+        }) {
+            return Err(format!("atomic + send: {wcs:?}"));
+        }
+        if wcs.iter().any(|w| w.status != WcStatus::Success) {
+            return Err(format!("atomic + send: {wcs:?}"));
+        }
+        let orig = u64::from_le_bytes(r.mr_bytes(lkey).unwrap()[LEN..LEN + 8].try_into().unwrap());
+        if orig != before {
+            return Err(format!(
+                "FETCH_ADD returned {orig:#x}, expected {before:#x}"
+            ));
+        }
+        Ok(())
     }
-    if wcs.iter().any(|w| w.status != WcStatus::Success) {
-        return Err(format!("atomic + send: {wcs:?}"));
-    }
-    let orig = u64::from_le_bytes(
-        r.mr_bytes(mr.lkey).unwrap()[LEN..LEN + 8]
-            .try_into()
-            .unwrap(),
-    );
-    if orig != before {
-        return Err(format!(
-            "FETCH_ADD returned {orig:#x}, expected {before:#x}"
-        ));
-    }
-    Ok(format!("active ok, peer at {mac}, {:?}", e.port_stats()))
 }
 
 #[test]
