@@ -233,30 +233,16 @@ impl MemTable {
             if s.length == 0 {
                 continue;
             }
-            let mr = self.by_lkey(s.lkey).ok_or(LocalFault::Protection)?;
-            if mr.info.pd != pd {
-                return Err(LocalFault::Protection);
-            }
-            if write && !mr.info.access.contains(Access::LOCAL_WRITE) {
-                return Err(LocalFault::Access);
-            }
-            let start = s
-                .addr
-                .checked_sub(mr.info.addr)
-                .ok_or(LocalFault::Protection)?;
-            match start.checked_add(s.length as u64) {
-                Some(end) if end <= mr.info.length => {}
-                _ => return Err(LocalFault::Protection),
-            }
+            self.piece(pd, s, 0, s.length as usize, write)?;
             total += s.length as u64;
         }
         Ok(total)
     }
 
-    /// The bytes of region `i` that `len` bytes `at` bytes into SGE `s` cover, checked again
-    /// as `check_sges` did: the L_Key may have been deregistered (or its key reused by another
-    /// region) since, so the region must still be there, in `pd`, writable when `write`, and
-    /// hold them.
+    /// The bytes of region `i` that `len` bytes `at` bytes into SGE `s` cover: the region must
+    /// be there, in `pd`, writable when `write`, and hold them. `check_sges` asks it of every SGE
+    /// at post; every copy asks again, since the L_Key may have been deregistered (or its key
+    /// reused by another region) since.
     fn piece(
         &self,
         pd: PdId,
