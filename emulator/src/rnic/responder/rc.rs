@@ -271,18 +271,25 @@ fn trim_resources(qp: &mut Qp, keep: usize) {
     }
 }
 
+/// Whether a new READ or atomic at `psn` may take one of the QP's `max_dest_rd_atomic`
+/// responder resources and a response slot: more reads and atomics outstanding than the QP
+/// accepts are an invalid request (C9-150, unverified), NAKed and fatal; with no response slot
+/// free the request is not executed at all, as if lost (the requester sends it again).
+fn responder_resource(dev: &mut Dev, qp: &mut Qp, psn: Psn) -> bool {
+    let max = qp.attr.max_dest_rd_atomic.max(1) as usize;
+    trim_resources(qp, max - 1);
+    if qp.resources.len() >= max {
+        fatal(dev, qp, psn, NakCode::InvalidRequest, None);
+        return false;
+    }
+    room_for_response(dev, qp)
+}
+
 fn rc_read(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
     let psn = pkt.bth.psn;
     let Some(reth) = pkt.ext.reth else { return };
     let len = reth.dma_len as u64;
-    let max = qp.attr.max_dest_rd_atomic.max(1) as usize;
-    trim_resources(qp, max - 1);
-    if qp.resources.len() >= max {
-        // More reads and atomics outstanding than this QP accepts (C9-150).
-        fatal(dev, qp, psn, NakCode::InvalidRequest, None);
-        return;
-    }
-    if !room_for_response(dev, qp) {
+    if !responder_resource(dev, qp, psn) {
         return;
     }
     if len > 0
@@ -314,13 +321,7 @@ fn rc_read(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
 fn rc_atomic(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
     let psn = pkt.bth.psn;
     let Some(a) = pkt.ext.atomic else { return };
-    let max = qp.attr.max_dest_rd_atomic.max(1) as usize;
-    trim_resources(qp, max - 1);
-    if qp.resources.len() >= max {
-        fatal(dev, qp, psn, NakCode::InvalidRequest, None);
-        return;
-    }
-    if !room_for_response(dev, qp) {
+    if !responder_resource(dev, qp, psn) {
         return;
     }
     if a.va % 8 != 0 {
