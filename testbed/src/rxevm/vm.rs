@@ -91,10 +91,16 @@ impl RxeLab {
         let qlog = self.dir.join(format!("{name}.qemu.log"));
         let qout = std::fs::File::create(&qlog).map_err(|e| format!("{}: {e}", qlog.display()))?;
         let qerr = qout.try_clone().map_err(|e| e.to_string())?;
-        let append = format!(
+        let mut append = format!(
             "console=ttyS0 quiet panic=-1 rxe_ip={ip}/{} rxe_host={name} rxe_mtu={} rxe_ctl={}",
             cfg.prefix_len, cfg.mtu, cfg.ctl_port
         );
+        // `RXEVM_APPEND`: more kernel arguments, to look into a guest (`loglevel=7` puts the
+        // kernel's warnings, which `quiet` hides, into the serial log).
+        if let Ok(extra) = std::env::var("RXEVM_APPEND") {
+            append.push(' ');
+            append.push_str(&extra);
+        }
         let mem = cfg.mem_mb.to_string();
         let netdev = format!("tap,id=n0,ifname={tap},script=no,downscript=no");
         // romfile=: no iPXE option ROM (not needed with -kernel, and not always installed).
