@@ -138,7 +138,7 @@ pub(super) fn uc_receive(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
             }
             if plen > 0 {
                 if let Some(Some(m)) = dev.mem.mrs.get_mut(mr) {
-                    m.data[off..off + plen as usize].copy_from_slice(pkt.payload);
+                    m.data.write(off, pkt.payload);
                 }
             }
             write_done(dev, qp, pkt, recv, (rkey, va, plen, remaining, total));
