@@ -58,6 +58,18 @@ pub(crate) enum Backing {
     Foreign(ForeignMem),
 }
 
+// The foreign copies out of line: the owned path (every in-process tool's hot loop) stays as
+// small as it was, and a foreign copy costs one call more, next to nothing beside the copy.
+#[inline(never)]
+fn foreign_read(f: &ForeignMem, off: usize, out: &mut [u8]) -> bool {
+    f.read_at(off as u64, out).is_ok()
+}
+
+#[inline(never)]
+fn foreign_write(f: &ForeignMem, off: usize, data: &[u8]) -> bool {
+    f.write_at(off as u64, data).is_ok()
+}
+
 /// An 8-byte atomic operation on a region's word (IBTA 9.4.5).
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum AtomicOp {
@@ -87,7 +99,7 @@ impl Backing {
                 }
                 None => false,
             },
-            Backing::Foreign(f) => f.read_at(off as u64, out).is_ok(),
+            Backing::Foreign(f) => foreign_read(f, off, out),
         }
     }
 
@@ -104,7 +116,7 @@ impl Backing {
                     None => false,
                 }
             }
-            Backing::Foreign(f) => f.write_at(off as u64, data).is_ok(),
+            Backing::Foreign(f) => foreign_write(f, off, data),
         }
     }
 
