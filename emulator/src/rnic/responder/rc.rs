@@ -185,7 +185,7 @@ fn rc_send(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) -> bool {
         wc.wc_flags = WcFlags(wc.wc_flags.0 | WcFlags::WITH_INV.0);
     }
     qp.msn = qp.msn.next();
-    dev.push_wc(qp.recv_cq, wc);
+    dev.push_recv_wc(qp.recv_cq, wc, pkt.bth.solicited);
     true
 }
 

@@ -94,7 +94,7 @@ pub(super) fn uc_receive(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
                     wc.imm_data = imm;
                     wc.wc_flags = WcFlags::WITH_IMM;
                 }
-                dev.push_wc(qp.recv_cq, wc);
+                dev.push_recv_wc(qp.recv_cq, wc, pkt.bth.solicited);
             } else {
                 qp.resp_msg = RespMsg::Send { wqe, offset };
             }
