@@ -359,6 +359,14 @@ fn err_leaves_the_srq_wqes_and_raises_last_wqe_reached() {
         ..Default::default()
     };
     b.p.b.modify_qp(b.qb[0], &reset, QpAttrMask::STATE).unwrap();
+    let init = QpAttr {
+        qp_state: QpState::Init,
+        port_num: 1,
+        ..Default::default()
+    };
+    let m =
+        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS;
+    b.p.b.modify_qp(b.qb[0], &init, m).unwrap();
     let r = b.p.b.post_recv(
         b.qb[0],
         RecvWr {
@@ -561,4 +569,38 @@ fn rc_send_through_an_srq_over_the_loopback() {
     let mut got = vec![0u8; m.len()];
     lo.b.read_mr(b.mr.lkey, 0, &mut got).unwrap();
     assert_eq!(got, m);
+}
+
+#[test]
+fn a_uc_message_cut_by_a_gap_gives_its_wqe_back_to_the_srq() {
+    let mut b = bed(QpType::Uc, 4);
+    post_srq(&mut b.p.b, b.srq, &b.b.mr, 0);
+    write_a(&mut b.p, &b.a, 0, &data(1, 3000));
+    b.send(0, 1, 0, 3000);
+    // FIRST, MIDDLE, LAST: the MIDDLE is lost.
+    let mut frames = Vec::new();
+    let mut buf = vec![0u8; 10_000];
+    while let Some(n) = b.p.a.poll_transmit(b.p.now, &mut buf) {
+        frames.push(buf[..n].to_vec());
+    }
+    assert_eq!(frames.len(), 3);
+    let now = b.p.now;
+    b.p.b.handle_frame(now, &frames[0]);
+    assert_eq!(b.p.b.srq_len(b.srq).unwrap(), 0);
+    b.p.b.handle_frame(now, &frames[2]);
+    assert_eq!(b.b_wcs(), vec![]);
+    assert_eq!(b.p.b.srq_len(b.srq).unwrap(), 1);
+    // The next message takes that WQE.
+    let m = data(2, 100);
+    write_a(&mut b.p, &b.a, 0, &m);
+    b.send(1, 2, 0, m.len());
+    b.p.drive(100_000).unwrap();
+    let w = b.b_wcs();
+    assert_eq!(
+        w.iter()
+            .map(|w| (w.wr_id, w.status, w.byte_len, w.qp_num))
+            .collect::<Vec<_>>(),
+        vec![(1000, WcStatus::Success, 100, b.qb[1])]
+    );
+    assert_eq!(b.b_bytes(0, m.len()), m);
 }
