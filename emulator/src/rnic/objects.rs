@@ -3,8 +3,7 @@
 //!
 //! Invariants: a QP is found through its QPN only when the QP in the slot carries that very QPN
 //! (a destroyed QP's QPN reaches nothing, [`super::qpn`]); at most `max_qp` QPs live at once and
-//! one QP1; a QP with an SRQ counts as attached to it until destroyed; an MR's access flags
-//! obey IBTA 10.6.3.1 (remote write or atomic needs local write).
+//! one QP1; an MR's access flags obey IBTA 10.6.3.1 (remote write or atomic needs local write).
 use super::mr::MrInfo;
 use super::qp::Qp;
 use super::verbs::*;
