@@ -1051,9 +1051,12 @@ fn create_qp_common(a: &CreateQp) -> Result<*mut Qp, c_int> {
         return Err(EINVAL);
     }
     let qp_type = qp_type_of(a.qp_type)?;
-    if !a.srq.is_null() {
-        return Err(EOPNOTSUPP);
-    }
+    let srq = if a.srq.is_null() {
+        None
+    } else {
+        // SAFETY: an SRQ of ours.
+        Some(unsafe { (*(a.srq as *mut Srq)).id })
+    };
     // SAFETY: PD and CQs of ours.
     let (pd, scq, rcq) = unsafe {
         (
@@ -1066,7 +1069,7 @@ fn create_qp_common(a: &CreateQp) -> Result<*mut Qp, c_int> {
         qp_type,
         send_cq: scq,
         recv_cq: rcq,
-        srq: None,
+        srq,
         cap: QpCap {
             max_send_wr: a.cap.max_send_wr,
             max_recv_wr: a.cap.max_recv_wr,
@@ -1615,36 +1618,144 @@ unsafe extern "C" fn post_recv_op(
 
 // ---- SRQ -----------------------------------------------------------------------------------
 
+#[repr(C)]
+pub struct Srq {
+    pub ibv: ibv_srq,
+    pub id: SrqId,
+}
+
 unsafe extern "C" fn post_srq_recv_op(
-    _srq: *mut ibv_srq,
+    srq: *mut ibv_srq,
     wr: *mut ibv_recv_wr,
     bad: *mut *mut ibv_recv_wr,
 ) -> c_int {
-    if !bad.is_null() {
-        // SAFETY: the caller's out-parameter.
-        unsafe { *bad = wr };
-    }
-    EOPNOTSUPP
+    guard(EINVAL, || {
+        if srq.is_null() {
+            return EINVAL;
+        }
+        let n = try_errno!(the_nic());
+        // SAFETY: an SRQ of ours.
+        let id = unsafe { (*(srq as *mut Srq)).id };
+        let mut g = n.lock();
+        let mut w = wr;
+        while !w.is_null() {
+            // SAFETY: the caller's work request chain.
+            let r = recv_wr(unsafe { &*w })
+                .and_then(|x| g.rnic.post_srq_recv(id, x).map_err(|e| errno_of(&e)));
+            if let Err(e) = r {
+                if !bad.is_null() {
+                    // SAFETY: the caller's out-parameter.
+                    unsafe { *bad = w };
+                }
+                return e;
+            }
+            // SAFETY: as above.
+            w = unsafe { (*w).next };
+        }
+        0
+    })
 }
 
-pub extern "C" fn ibv_create_srq(_pd: *mut ibv_pd, _init: *mut ibv_srq_init_attr) -> *mut ibv_srq {
-    fail_ptr(EOPNOTSUPP)
+pub extern "C" fn ibv_create_srq(pd: *mut ibv_pd, init: *mut ibv_srq_init_attr) -> *mut ibv_srq {
+    guard(null_mut(), || {
+        if pd.is_null() || init.is_null() {
+            return fail_ptr(EINVAL);
+        }
+        let n = try_null!(the_nic());
+        // SAFETY: a PD of ours and the caller's attributes.
+        let (p, i) = unsafe { (&*(pd as *mut Pd), &*init) };
+        let mut g = n.lock();
+        let id = match g.rnic.create_srq(
+            p.id,
+            SrqInitAttr {
+                max_wr: i.attr.max_wr,
+                max_sge: i.attr.max_sge,
+                srq_limit: i.attr.srq_limit,
+            },
+        ) {
+            Ok(id) => id,
+            Err(e) => return fail_ptr(errno_of(&e)),
+        };
+        let srq = Box::into_raw(Box::new(Srq {
+            ibv: ibv_srq {
+                context: p.ibv.context,
+                srq_context: i.srq_context,
+                pd,
+                handle: id.handle(),
+                mutex: libc::PTHREAD_MUTEX_INITIALIZER,
+                cond: libc::PTHREAD_COND_INITIALIZER,
+                events_completed: 0,
+            },
+            id,
+        }));
+        g.srqs.insert(id.handle(), srq as usize);
+        srq.cast()
+    })
 }
 
-pub extern "C" fn ibv_modify_srq(
-    _srq: *mut ibv_srq,
-    _attr: *mut ibv_srq_attr,
-    _mask: c_int,
-) -> c_int {
-    EOPNOTSUPP
+const IBV_SRQ_MAX_WR: c_int = 1;
+const IBV_SRQ_LIMIT: c_int = 2;
+
+pub extern "C" fn ibv_modify_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr, mask: c_int) -> c_int {
+    guard(EINVAL, || {
+        if srq.is_null() || attr.is_null() || mask & !(IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT) != 0 {
+            return EINVAL;
+        }
+        let n = try_errno!(the_nic());
+        // SAFETY: an SRQ of ours and the caller's attributes.
+        let (id, a) = unsafe { ((*(srq as *mut Srq)).id, &*attr) };
+        let max_wr = (mask & IBV_SRQ_MAX_WR != 0).then_some(a.max_wr);
+        let limit = (mask & IBV_SRQ_LIMIT != 0).then_some(a.srq_limit);
+        match n.lock().rnic.modify_srq(id, max_wr, limit) {
+            Ok(()) => 0,
+            Err(e) => errno_of(&e),
+        }
+    })
 }
 
-pub extern "C" fn ibv_query_srq(_srq: *mut ibv_srq, _attr: *mut ibv_srq_attr) -> c_int {
-    EOPNOTSUPP
+pub extern "C" fn ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr) -> c_int {
+    guard(EINVAL, || {
+        if srq.is_null() || attr.is_null() {
+            return EINVAL;
+        }
+        let n = try_errno!(the_nic());
+        // SAFETY: an SRQ of ours.
+        let id = unsafe { (*(srq as *mut Srq)).id };
+        match n.lock().rnic.query_srq(id) {
+            Ok(a) => {
+                // SAFETY: the caller's attributes, non-NULL.
+                unsafe {
+                    *attr = ibv_srq_attr {
+                        max_wr: a.max_wr,
+                        max_sge: a.max_sge,
+                        srq_limit: a.srq_limit,
+                    }
+                };
+                0
+            }
+            Err(e) => errno_of(&e),
+        }
+    })
 }
 
-pub extern "C" fn ibv_destroy_srq(_srq: *mut ibv_srq) -> c_int {
-    EOPNOTSUPP
+pub extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
+    guard(EINVAL, || {
+        if srq.is_null() {
+            return EINVAL;
+        }
+        let n = try_errno!(the_nic());
+        // SAFETY: an SRQ of ours.
+        let id = unsafe { (*(srq as *mut Srq)).id };
+        let mut g = n.lock();
+        if let Err(e) = g.rnic.destroy_srq(id) {
+            return errno_of(&e);
+        }
+        g.srqs.remove(&id.handle());
+        drop(g);
+        // SAFETY: an SRQ from create_srq, given back once.
+        drop(unsafe { Box::from_raw(srq as *mut Srq) });
+        0
+    })
 }
 
 // ---- AH ------------------------------------------------------------------------------------
