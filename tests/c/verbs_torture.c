@@ -223,12 +223,12 @@ static void impossible_verbs(struct end *e)
 	CHECK(cq, "ibv_create_cq(16): %s", strerror(errno));
 
 	struct ibv_qp_init_attr qa = { .send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
-				       .cap = { .max_send_wr = e->dattr.max_qp_wr + 1, .max_recv_wr = 4,
+				       .cap = { .max_send_wr = (uint32_t)e->dattr.max_qp_wr + 1, .max_recv_wr = 4,
 						.max_send_sge = 1, .max_recv_sge = 1 } };
 	errno = 0;
 	struct ibv_qp *qp = ibv_create_qp(e->pd, &qa);
-	CHECK(!qp && errno == EINVAL, "ibv_create_qp(max_send_wr=%d > max_qp_wr): %p, errno %d (%s)",
-	      e->dattr.max_qp_wr + 1, (void *)qp, errno, strerror(errno));
+	CHECK(!qp && errno == EINVAL, "ibv_create_qp(max_send_wr=%u > max_qp_wr): %p, errno %d (%s)",
+	      (uint32_t)e->dattr.max_qp_wr + 1, (void *)qp, errno, strerror(errno));
 	ok("ibv_create_qp(max_send_wr=max_qp_wr+1) -> NULL, EINVAL");
 
 	qp = rc_qp(e, cq, NULL);
