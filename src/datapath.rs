@@ -1,8 +1,9 @@
 //! `--dev`, `--ip`, `--mac`: where an end of `rocemu pingpong` / `rocemu perf` meets the wire.
 use rocemu_emulator::engine::{Engine, IdleStrategy};
 use rocemu_emulator::inproc::Impairments;
-use rocemu_emulator::port::af_packet::{AfPacketOptions, AfPacketPort, KernelGuard};
+use rocemu_emulator::port::af_packet::KernelGuard;
 use rocemu_emulator::port::impair::ImpairedPort;
+use rocemu_emulator::port::open::open_datapath;
 use rocemu_emulator::port::Port;
 use rocemu_emulator::rng::Seed;
 use rocemu_emulator::rnic::{Rnic, RnicConfig};
@@ -124,23 +125,8 @@ pub fn open(
         Some(m) => Some(m.parse().map_err(|e| format!("--mac {m}: {e}"))?),
         None => None,
     };
-    let (port, guard): (Box<dyn Port + Send>, Option<KernelGuard>) =
-        if let Some(ifname) = dev.strip_prefix("af_packet:") {
-            let opts = AfPacketOptions {
-                promiscuous: mac.is_some(),
-                addrs: vec![ip],
-            };
-            let p = AfPacketPort::open(ifname, &opts).map_err(|e| e.to_string())?;
-            (Box::new(p), Some(KernelGuard::new()))
-        } else if let Some(args) = dev.strip_prefix("dpdk:") {
-            // A PMD on a kernel interface (net_af_packet, net_af_xdp, net_tap) leaves the kernel
-            // seeing the same datagrams; on a real NIC the guard costs two idle sockets.
-            (open_dpdk(args)?, Some(KernelGuard::new()))
-        } else {
-            return Err(format!(
-                "--dev {dev}: give af_packet:IFACE or dpdk:'EAL ARGS'"
-            ));
-        };
+    let opened = open_datapath("--dev", dev, &[ip], mac.is_some(), &open_dpdk)?;
+    let (port, guard) = (opened.port, opened.guard);
     let mac = mac.unwrap_or(port.mac());
     if mac == Mac([0; 6]) || mac.is_multicast() {
         return Err(format!(

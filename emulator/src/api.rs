@@ -75,6 +75,16 @@ impl Device {
     pub fn reg_mr(&self, pd: PdId, length: usize, access: Access) -> Result<MrInfo, VerbsError> {
         self.lock().reg_mr(pd, length, access)
     }
+    /// `ibv_reg_mr` / `ibv_reg_mr_iova2` of the program's own memory ([`Rnic::reg_mr_foreign`]).
+    pub fn reg_mr_foreign(
+        &self,
+        pd: PdId,
+        mem: crate::dma::ForeignMem,
+        iova: u64,
+        access: Access,
+    ) -> Result<MrInfo, VerbsError> {
+        self.lock().reg_mr_foreign(pd, mem, iova, access)
+    }
     /// `ibv_create_cq`.
     pub fn create_cq(&self, cqe: usize) -> Result<CqId, VerbsError> {
         self.lock().create_cq(cqe)
@@ -103,29 +113,13 @@ impl Device {
     pub fn poll_cq(&self, cq: CqId, max: usize) -> Vec<Wc> {
         self.lock().poll_cq(cq, max)
     }
-    /// Copies bytes out of a registered region.
+    /// Copies bytes out of a registered region (owned or foreign), `offset` bytes in.
     pub fn read_mr(&self, lkey: u32, offset: usize, out: &mut [u8]) -> Result<(), VerbsError> {
-        let r = self.lock();
-        let m = r
-            .mr_bytes(lkey)
-            .ok_or(VerbsError::NotFound("memory region"))?;
-        let src = m
-            .get(offset..offset + out.len())
-            .ok_or_else(|| VerbsError::Invalid("beyond the region".into()))?;
-        out.copy_from_slice(src);
-        Ok(())
+        self.lock().mr_read(lkey, offset as u64, out)
     }
-    /// Copies bytes into a registered region.
+    /// Copies bytes into a registered region (owned or foreign), `offset` bytes in.
     pub fn write_mr(&self, lkey: u32, offset: usize, data: &[u8]) -> Result<(), VerbsError> {
-        let mut r = self.lock();
-        let m = r
-            .mr_bytes_mut(lkey)
-            .ok_or(VerbsError::NotFound("memory region"))?;
-        let dst = m
-            .get_mut(offset..offset + data.len())
-            .ok_or_else(|| VerbsError::Invalid("beyond the region".into()))?;
-        dst.copy_from_slice(data);
-        Ok(())
+        self.lock().mr_write(lkey, offset as u64, data)
     }
 
     /// `ibv_get_async_event` without blocking: the oldest event not yet taken.

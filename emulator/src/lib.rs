@@ -12,12 +12,16 @@
 //!   [`inproc::Pair`], the real-time [`inproc::Loopback`].
 //! * [`connect`] brings a QP to RTS as the tools do ([`connect::bring_up`]).
 //! * [`api`] is the shareable [`api::Device`] for applications; [`cm`] the IB CM over QP1.
-// Unsafe code only where a kernel interface demands it (`port::af_packet`); the core forbids it.
+//! * [`dma`] reads and writes memory the RNIC does not own (a program's buffer registered with
+//!   [`rnic::Rnic::reg_mr_foreign`]), bounds-checked, through raw pointers only.
+// Unsafe code only where a kernel interface demands it (`port::af_packet`) and in the one module
+// that touches a program's memory (`dma`); the core forbids it.
 #![deny(unsafe_code)]
 
 pub mod api;
 pub mod cm;
 pub mod connect;
+pub mod dma;
 pub mod engine;
 // The fuzz targets' bodies: only with the `fuzzing` feature (fuzz/, and the corpus tests).
 #[cfg(feature = "fuzzing")]

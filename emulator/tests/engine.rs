@@ -337,3 +337,87 @@ mod hostile {
         }
     }
 }
+
+#[test]
+fn spawn_with_runs_the_hook_after_every_turn_where_cq_events_are_drained() {
+    // B's engine thread drains CQ events in its hook (as the drop-in libibverbs does to wake
+    // completion channels); B's CQ is armed, A sends, the hook sees B's CQ exactly once.
+    use std::sync::{Arc, Mutex};
+    let (mut ra, mut ea, mut rb, eb) = two();
+    let pd_b = rb.alloc_pd();
+    let cq_b = rb.create_cq(16).unwrap();
+    let mr_b = rb.reg_mr(pd_b, 4096, Access::LOCAL_WRITE).unwrap();
+    let init = |cq| QpInitAttr::new(QpType::Rc, cq);
+    let qb = rb.create_qp(pd_b, init(cq_b)).unwrap();
+    let pd_a = ra.alloc_pd();
+    let cq_a = ra.create_cq(16).unwrap();
+    let mr_a = ra.reg_mr(pd_a, 4096, Access::LOCAL_WRITE).unwrap();
+    let qa = ra.create_qp(pd_a, init(cq_a)).unwrap();
+    let dev_b = Device::new(rb);
+    let seen: Arc<Mutex<(u64, Vec<CqId>)>> = Arc::default();
+    let s = seen.clone();
+    let hb = eb.spawn_with(dev_b.clone(), move |r| {
+        let mut g = s.lock().unwrap();
+        g.0 += 1;
+        r.take_cq_events(&mut g.1);
+    });
+    ea.resolve(&mut ra, ips(2)[0], Duration::from_secs(5))
+        .unwrap();
+    let o = ConnectOpts::default();
+    bring_up(&mut ra, qa, qb, ips(2)[0], Psn::new(1), Psn::new(2), &o).unwrap();
+    dev_b
+        .with(|rb| {
+            rb.set_neighbor(ips(1)[0], MAC_A);
+            bring_up(rb, qb, qa, ips(1)[0], Psn::new(2), Psn::new(1), &o)?;
+            rb.req_notify_cq(cq_b, false)?;
+            let sge = Sge {
+                addr: mr_b.addr,
+                length: 4096,
+                lkey: mr_b.lkey,
+            };
+            for wr_id in [5, 6] {
+                rb.post_recv(
+                    qb,
+                    RecvWr {
+                        wr_id,
+                        sg_list: vec![sge],
+                    },
+                )?;
+            }
+            Ok::<_, VerbsError>(())
+        })
+        .unwrap();
+    let before = seen.lock().unwrap().0;
+    let sge = Sge {
+        addr: mr_a.addr,
+        length: 100,
+        lkey: mr_a.lkey,
+    };
+    for id in [1, 2] {
+        ra.post_send(qa, SendWr::new(id, WrOpcode::Send, vec![sge]))
+            .unwrap();
+    }
+    let mut wcs = Vec::new();
+    assert!(ea.run_until(&mut ra, Duration::from_secs(10), |r| {
+        r.poll_cq_into(cq_a, 2, &mut wcs);
+        wcs.len() == 2
+    }));
+    // The receive completions are on B's CQ; the hook runs after the turn that made them.
+    let t0 = std::time::Instant::now();
+    while seen.lock().unwrap().1.is_empty() && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    std::thread::sleep(Duration::from_millis(20));
+    let (turns, events) = seen.lock().unwrap().clone();
+    assert_eq!(
+        events,
+        vec![cq_b],
+        "one event for one arming, two completions"
+    );
+    assert!(
+        turns > before,
+        "the hook runs every turn: {before} then {turns}"
+    );
+    assert_eq!(dev_b.poll_cq(cq_b, 4).len(), 2);
+    drop(hb);
+}

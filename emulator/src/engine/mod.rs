@@ -278,14 +278,31 @@ impl Engine {
     }
 
     /// Runs the loop on its own thread for a shared [`Device`], until the handle is dropped.
-    pub fn spawn(mut self, dev: Device) -> EngineHandle {
+    pub fn spawn(self, dev: Device) -> EngineHandle {
+        self.spawn_with(dev, |_| {})
+    }
+
+    /// [`spawn`](Self::spawn), running `hook` on the RNIC after every turn, under the same lock
+    /// (`dev.with`) as the turn itself: what the turn completed is there for it to see, and no
+    /// verb runs in between. The drop-in libibverbs drains CQ events there
+    /// ([`Rnic::take_cq_events`]) and wakes the completion channels. Keep it short: the engine
+    /// holds the device while it runs.
+    pub fn spawn_with(
+        mut self,
+        dev: Device,
+        mut hook: impl FnMut(&mut Rnic) + Send + 'static,
+    ) -> EngineHandle {
         let stop = Arc::new(AtomicBool::new(false));
         let s = stop.clone();
         let thread = std::thread::Builder::new()
             .name("rocemu-engine".into())
             .spawn(move || {
                 while !s.load(Ordering::Relaxed) {
-                    let w = dev.with(|r| self.poll(r));
+                    let w = dev.with(|r| {
+                        let w = self.poll(r);
+                        hook(r);
+                        w
+                    });
                     if w > 0 {
                         dev.wake();
                     }

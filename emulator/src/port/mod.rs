@@ -3,6 +3,7 @@
 //! * `af_packet`: any Linux interface, through a packet socket.
 //! * [`pipe`]: two ports joined in memory (tests of the engine).
 //! * [`impair`]: seeded impairments on any port, for `--loss` and friends over real datapaths.
+//! * [`open`]: a port from its spec string (`af_packet:IFACE`, `dpdk:'EAL ARGS'`).
 //! * DPDK (any PMD) lives in the `rocemu-dpdk` crate (`dpdk-glue/`), behind the cargo feature `dpdk`.
 //!
 //! A port lends its own buffers: received frames are handed out in place (in the mbuf, in the
@@ -11,6 +12,7 @@
 //! time; one indirect call per frame is noise next to a CRC pass over it.
 pub mod af_packet;
 pub mod impair;
+pub mod open;
 pub mod pipe;
 
 use rocemu_wire::eth::Mac;

@@ -4,6 +4,12 @@
 //! error for good (`IBV_EVENT_CQ_ERR`), later ones are counted and lost, and every QP on it is
 //! moved to ERR before the entry point that overflowed it returns ([`Rnic::settle_cq_errors`]);
 //! at most [`ASYNC_EVENTS_MAX`] asynchronous events wait, later ones are counted and dropped.
+//!
+//! Completion notification (`ibv_req_notify_cq`) is one-shot: [`Rnic::req_notify_cq`] arms a
+//! CQ, the next completion added to it that the arming asks for fires one event and disarms it;
+//! [`Rnic::take_cq_events`] hands the events out. A CQ has at most one event pending (a second
+//! firing before the first is taken merges with it), so the pending events are bounded by the
+//! number of CQs.
 use super::device::Dev;
 use super::modify::flush;
 use super::verbs::*;
@@ -21,10 +27,37 @@ pub(crate) struct Cq {
     pub q: VecDeque<Wc>,
     pub depth: usize,
     pub overflowed: bool,
+    pub notify: Notify,
+    /// The CQ is in `Dev::cq_events`.
+    pub event_pending: bool,
+}
+
+/// What an armed CQ waits for (`ibv_req_notify_cq`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum Notify {
+    #[default]
+    Disarmed,
+    /// Any completion (`solicited_only` = 0).
+    Next,
+    /// A solicited completion (`solicited_only` != 0).
+    Solicited,
 }
 
 impl Dev {
+    /// Adds a completion that is not solicited unless it failed: every send completion, and
+    /// receive completions in error or of messages without the SE bit.
+    #[inline]
     pub fn push_wc(&mut self, cq: CqId, wc: Wc) {
+        self.push_wc_se(cq, wc, false);
+    }
+
+    /// Adds the receive completion of a message whose last packet carried the BTH SE bit `se`.
+    #[inline]
+    pub fn push_recv_wc(&mut self, cq: CqId, wc: Wc, se: bool) {
+        self.push_wc_se(cq, wc, se);
+    }
+
+    fn push_wc_se(&mut self, cq: CqId, wc: Wc, se: bool) {
         if let Some(Some(c)) = self.cqs.get_mut(cq.0 as usize) {
             if c.overflowed {
                 self.counters.cq_overflows += 1;
@@ -34,7 +67,22 @@ impl Dev {
                 self.failed_cqs.push(cq);
                 self.raise(AsyncEvent::CqErr(cq));
             } else {
+                // The ibv_req_notify_cq(3) man page of rdma-core: a CQE is solicited if it is
+                // a receive completion for a message with the Solicited Event header bit set,
+                // or if its status is not successful; with solicited_only, only those fire.
+                let fire = match c.notify {
+                    Notify::Disarmed => false,
+                    Notify::Next => true,
+                    Notify::Solicited => se || wc.status != WcStatus::Success,
+                };
                 c.q.push_back(wc);
+                if fire {
+                    c.notify = Notify::Disarmed;
+                    if !c.event_pending {
+                        c.event_pending = true;
+                        self.cq_events.push(cq);
+                    }
+                }
             }
         }
     }
@@ -58,6 +106,8 @@ impl Rnic {
             q: VecDeque::with_capacity(cqe.min(4096)),
             depth: cqe,
             overflowed: false,
+            notify: Notify::Disarmed,
+            event_pending: false,
         }));
         Ok(CqId(self.dev.cqs.len() as u32 - 1))
     }
@@ -107,6 +157,35 @@ impl Rnic {
         match self.poll_cq_into(cq, max, out) {
             0 => self.cq_error(cq).map_or(Ok(0), Err),
             n => Ok(n),
+        }
+    }
+
+    /// `ibv_req_notify_cq`: arms `cq` for one event, at its next completion (`solicited_only`
+    /// false) or its next solicited one (true: a receive completion of a message whose BTH SE
+    /// bit was set, or a completion in error). Arming for any completion overrides an arming
+    /// for solicited ones until the event; arming for solicited ones leaves an arming for any
+    /// in place (as rxe's `rxe_req_notify_cq`). Completions already in the CQ fire nothing: the
+    /// program polls after arming.
+    pub fn req_notify_cq(&mut self, cq: CqId, solicited_only: bool) -> Result<(), VerbsError> {
+        let Some(Some(c)) = self.dev.cqs.get_mut(cq.0 as usize) else {
+            return Err(VerbsError::NotFound("completion queue"));
+        };
+        c.notify = match (solicited_only, c.notify) {
+            (false, _) => Notify::Next,
+            (true, Notify::Next) => Notify::Next,
+            (true, _) => Notify::Solicited,
+        };
+        Ok(())
+    }
+
+    /// The CQs whose notification fired since the last call, each once, oldest first
+    /// (appended to `out`): `ibv_get_cq_event`'s events, for the completion channels.
+    pub fn take_cq_events(&mut self, out: &mut Vec<CqId>) {
+        for cq in self.dev.cq_events.drain(..) {
+            if let Some(Some(c)) = self.dev.cqs.get_mut(cq.0 as usize) {
+                c.event_pending = false;
+            }
+            out.push(cq);
         }
     }
 

@@ -101,6 +101,9 @@ pub(crate) struct Dev {
     pub failed_cqs: Vec<CqId>,
     /// For `ibv_get_async_event`; at most [`ASYNC_EVENTS_MAX`](super::ASYNC_EVENTS_MAX).
     pub async_events: VecDeque<AsyncEvent>,
+    /// CQs whose armed notification fired and that [`Rnic::take_cq_events`] has not taken yet:
+    /// each at most once (its `Cq::event_pending`), so at most one per CQ.
+    pub cq_events: Vec<CqId>,
 }
 
 impl Dev {
@@ -282,6 +285,7 @@ impl Rnic {
                 counters: Counters::default(),
                 active_mtu,
                 failed_cqs: Vec::new(),
+                cq_events: Vec::new(),
                 async_events: VecDeque::new(),
             },
             qps: Vec::new(),

@@ -21,7 +21,7 @@
 //! receive.rs    receive dispatch: checks, QP lookup, to the completer or the responder
 //! responder/    requests in: RC, UC, UD execution; ACK/NAK and read/atomic responses out
 //! completer.rs  responses in: ACK, NAK, read responses, retransmit and RNR timers
-//! cq.rs         completion queues and asynchronous events
+//! cq.rs         completion queues, their notification (req_notify_cq) and asynchronous events
 //! qp.rs         a QP's state: attributes, queues, cursors
 //! qpn.rs        the QPN map: a keyed permutation from (generation, slot) to QPN
 //! mr.rs         the memory table: PDs, MRs, key and bounds checks, gather and scatter

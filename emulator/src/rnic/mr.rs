@@ -1,10 +1,13 @@
-//! Protection domains and memory regions. The RNIC owns the bytes of every region (the core is
-//! safe Rust: nothing outside it can alias them); applications read and write them through the
-//! verbs API. Every access — local through an L_Key, remote through an R_Key — is checked for
+//! Protection domains and memory regions. A region's bytes are its [`Backing`]: bytes the RNIC
+//! owns (`reg_mr`: the in-process tools and tests read and write them through the verbs API), or
+//! a program's own memory (`reg_mr_foreign`, a [`ForeignMem`] that only [`crate::dma`] touches,
+//! by raw copies; the core stays safe Rust). Every byte moves through the backing's bounds-checked
+//! `read`/`write`/`atomic`, after the same checks for both kinds. Every access — local through an L_Key, remote through an R_Key — is checked for
 //! the key, the protection domain, the permission and the bounds before a byte moves
 //! (IBTA 10.6.3, 9.4.4.3). Keys are drawn from the device's ChaCha20 generator ([`KeyRng`]): not guessable
 //! from each other (ReDMArk's first attack was predictable R_Keys).
 use super::verbs::{Access, PdId, Sge, WcStatus};
+use crate::dma::ForeignMem;
 use crate::rng::KeyRng;
 use std::cell::Cell;
 use std::collections::HashMap;
@@ -45,10 +48,135 @@ pub struct MrInfo {
     pub pd: PdId,
 }
 
+/// Where a region's bytes live. Its length is the region's length (`MrInfo::length`); every
+/// method checks its range against it and fails rather than panics.
+#[derive(Debug)]
+pub(crate) enum Backing {
+    /// Zeroed bytes the RNIC owns (`reg_mr`).
+    Owned(Vec<u8>),
+    /// The program's memory (`reg_mr_foreign`): reached only through [`crate::dma`].
+    Foreign(ForeignMem),
+}
+
+// The foreign copies out of line: the owned path (every in-process tool's hot loop) stays as
+// small as it was, and a foreign copy costs one call more, next to nothing beside the copy.
+#[inline(never)]
+fn foreign_read(f: &ForeignMem, off: usize, out: &mut [u8]) -> bool {
+    f.read_at(off as u64, out).is_ok()
+}
+
+#[inline(never)]
+fn foreign_write(f: &ForeignMem, off: usize, data: &[u8]) -> bool {
+    f.write_at(off as u64, data).is_ok()
+}
+
+/// An 8-byte atomic operation on a region's word (IBTA 9.4.5).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum AtomicOp {
+    CompareSwap { compare: u64, swap: u64 },
+    FetchAdd(u64),
+}
+
+impl AtomicOp {
+    fn apply(self, orig: u64) -> u64 {
+        match self {
+            AtomicOp::CompareSwap { compare, swap } if orig == compare => swap,
+            AtomicOp::CompareSwap { .. } => orig,
+            AtomicOp::FetchAdd(add) => orig.wrapping_add(add),
+        }
+    }
+}
+
+impl Backing {
+    /// Copies `out.len()` bytes from `off` into `out`; false (and nothing copied) outside.
+    #[inline]
+    pub fn read(&self, off: usize, out: &mut [u8]) -> bool {
+        match self {
+            Backing::Owned(v) => match off.checked_add(out.len()).and_then(|e| v.get(off..e)) {
+                Some(src) => {
+                    out.copy_from_slice(src);
+                    true
+                }
+                None => false,
+            },
+            Backing::Foreign(f) => foreign_read(f, off, out),
+        }
+    }
+
+    /// Copies `data` to `off`; false (and nothing written) outside.
+    #[inline]
+    pub fn write(&mut self, off: usize, data: &[u8]) -> bool {
+        match self {
+            Backing::Owned(v) => {
+                match off.checked_add(data.len()).and_then(|e| v.get_mut(off..e)) {
+                    Some(dst) => {
+                        dst.copy_from_slice(data);
+                        true
+                    }
+                    None => false,
+                }
+            }
+            Backing::Foreign(f) => foreign_write(f, off, data),
+        }
+    }
+
+    /// Applies `op` to the 8 bytes at `off` and returns the value they held before; None when
+    /// they are not inside. The caller checked the virtual address's alignment.
+    pub fn atomic(&mut self, off: usize, op: AtomicOp) -> Option<u64> {
+        match self {
+            Backing::Owned(v) => {
+                let cell = v.get_mut(off..off.checked_add(8)?)?;
+                // Host memory order (little-endian, as on the x86 hosts rxe and ConnectX serve).
+                let mut b = [0u8; 8];
+                b.copy_from_slice(cell);
+                let orig = u64::from_le_bytes(b);
+                cell.copy_from_slice(&op.apply(orig).to_le_bytes());
+                Some(orig)
+            }
+            Backing::Foreign(f) => {
+                let off = off as u64;
+                let r = match op {
+                    AtomicOp::CompareSwap { compare, swap } => f.compare_swap(off, compare, swap),
+                    AtomicOp::FetchAdd(add) => f.fetch_add(off, add),
+                };
+                match r {
+                    Ok(orig) => Some(orig),
+                    // In bounds but not 8-byte aligned in the program's memory (an iova whose
+                    // alignment differs from the pointer's): read, modify, write. Atomic against
+                    // the RNIC's other atomics (all run under its lock), not against the
+                    // program's own CPU atomics (as a NIC without PCIe AtomicOps).
+                    Err(()) => {
+                        let mut b = [0u8; 8];
+                        f.read_at(off, &mut b).ok()?;
+                        let orig = u64::from_ne_bytes(b);
+                        f.write_at(off, &op.apply(orig).to_ne_bytes()).ok()?;
+                        Some(orig)
+                    }
+                }
+            }
+        }
+    }
+
+    /// The bytes, when the RNIC owns them.
+    pub fn owned(&self) -> Option<&[u8]> {
+        match self {
+            Backing::Owned(v) => Some(v),
+            Backing::Foreign(_) => None,
+        }
+    }
+
+    pub fn owned_mut(&mut self) -> Option<&mut [u8]> {
+        match self {
+            Backing::Owned(v) => Some(v),
+            Backing::Foreign(_) => None,
+        }
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct Mr {
     pub info: MrInfo,
-    pub data: Vec<u8>,
+    pub data: Backing,
     /// False once the R_Key was invalidated (SEND with invalidate).
     pub rkey_valid: bool,
 }
@@ -105,6 +233,7 @@ impl MemTable {
         }
     }
 
+    /// Registers `length` zeroed bytes the RNIC owns, at `addr`.
     pub fn register(
         &mut self,
         rng: &mut KeyRng,
@@ -113,6 +242,24 @@ impl MemTable {
         length: u64,
         access: Access,
     ) -> MrInfo {
+        let data = Backing::Owned(vec![0; length as usize]);
+        self.register_backing(rng, pd, addr, data, access)
+    }
+
+    /// Registers `data` as a region at `addr`; its length is the backing's. The caller checked
+    /// that `addr + length` does not wrap.
+    pub fn register_backing(
+        &mut self,
+        rng: &mut KeyRng,
+        pd: PdId,
+        addr: u64,
+        data: Backing,
+        access: Access,
+    ) -> MrInfo {
+        let length = match &data {
+            Backing::Owned(v) => v.len() as u64,
+            Backing::Foreign(f) => f.len() as u64,
+        };
         let lkey = self.fresh_key(rng);
         let rkey = self.fresh_key(rng);
         let info = MrInfo {
@@ -132,7 +279,7 @@ impl MemTable {
         };
         self.mrs[idx] = Some(Mr {
             info,
-            data: vec![0; length as usize],
+            data,
             rkey_valid: true,
         });
         self.by_lkey.insert(lkey, idx);
@@ -285,17 +432,18 @@ impl MemTable {
         if let [s] = sges {
             if offset + out.len() as u64 <= s.length as u64 {
                 let (i, r) = self.piece(pd, s, offset, out.len(), false)?;
-                if let Some(mr) = self.mrs[i].as_ref() {
-                    out.copy_from_slice(&mr.data[r]);
-                }
-                return Ok(());
+                return match self.mrs[i].as_ref() {
+                    Some(mr) if mr.data.read(r.start, out) => Ok(()),
+                    _ => Err(LocalFault::Protection),
+                };
             }
         }
         let mut done = 0;
         for (s, at, range) in pieces(sges, offset, out.len()) {
             let (i, r) = self.piece(pd, s, at, range.len(), false)?;
-            if let Some(mr) = self.mrs[i].as_ref() {
-                out[range.clone()].copy_from_slice(&mr.data[r]);
+            match self.mrs[i].as_ref() {
+                Some(mr) if mr.data.read(r.start, &mut out[range.clone()]) => {}
+                _ => return Err(LocalFault::Protection),
             }
             done = range.end;
         }
@@ -320,8 +468,11 @@ impl MemTable {
         let mut done = 0;
         for (s, at, range) in pieces(sges, offset, data.len()) {
             let (i, r) = self.piece(pd, s, at, range.len(), true)?;
-            if let Some(mr) = self.mrs[i].as_mut() {
-                mr.data[r].copy_from_slice(&data[range.clone()]);
+            let written = self.mrs[i]
+                .as_mut()
+                .is_some_and(|mr| mr.data.write(r.start, &data[range.clone()]));
+            if !written {
+                return Err(LocalFault::Protection);
             }
             done = range.end;
         }

@@ -4,10 +4,11 @@
 //! Invariants: a QP is found through its QPN only when the QP in the slot carries that very QPN
 //! (a destroyed QP's QPN reaches nothing, [`super::qpn`]); at most `max_qp` QPs live at once and
 //! one QP1; an MR's access flags obey IBTA 10.6.3.1 (remote write or atomic needs local write).
-use super::mr::MrInfo;
+use super::mr::{Backing, MrInfo};
 use super::qp::Qp;
 use super::verbs::*;
 use super::Rnic;
+use crate::dma::ForeignMem;
 use rocemu_wire::Qpn;
 
 impl Rnic {
@@ -35,6 +36,42 @@ impl Rnic {
         length: usize,
         access: Access,
     ) -> Result<MrInfo, VerbsError> {
+        self.check_reg_mr(pd, addr, length, access)?;
+        Ok(self
+            .dev
+            .mem
+            .register(&mut self.dev.rng, pd, addr, length as u64, access))
+    }
+
+    /// `ibv_reg_mr` / `ibv_reg_mr_iova2` of the program's own memory `mem`: the RNIC reads and
+    /// writes it in place (as a NIC's DMA engine would) until [`Rnic::dereg_mr`]. The region's
+    /// address space starts at `iova` (`ibv_reg_mr` passes the pointer's value, `ibv_reg_mr_iova2`
+    /// another); RETH and SGE addresses are in that space. `iova + len` must not wrap. Every
+    /// check of an owned region applies (key, PD, access, bounds).
+    pub fn reg_mr_foreign(
+        &mut self,
+        pd: PdId,
+        mem: ForeignMem,
+        iova: u64,
+        access: Access,
+    ) -> Result<MrInfo, VerbsError> {
+        self.check_reg_mr(pd, iova, mem.len(), access)?;
+        Ok(self.dev.mem.register_backing(
+            &mut self.dev.rng,
+            pd,
+            iova,
+            Backing::Foreign(mem),
+            access,
+        ))
+    }
+
+    fn check_reg_mr(
+        &self,
+        pd: PdId,
+        addr: u64,
+        length: usize,
+        access: Access,
+    ) -> Result<(), VerbsError> {
         if !self.dev.mem.pd_valid(pd) {
             return Err(VerbsError::NotFound("protection domain"));
         }
@@ -53,13 +90,12 @@ impl Rnic {
         if access.0 & !Access::ALL.0 != 0 {
             return invalid(format!("unknown access flags 0x{:x}", access.0));
         }
-        Ok(self
-            .dev
-            .mem
-            .register(&mut self.dev.rng, pd, addr, length as u64, access))
+        Ok(())
     }
 
-    /// `ibv_dereg_mr`.
+    /// `ibv_dereg_mr`, of an owned or a foreign region. A foreign region's memory is never
+    /// touched again once this returns (the caller holds the RNIC exclusively: no datapath access
+    /// is under way, and later ones find no region).
     pub fn dereg_mr(&mut self, lkey: u32) -> Result<(), VerbsError> {
         self.dev
             .mem
@@ -68,12 +104,52 @@ impl Rnic {
             .ok_or(VerbsError::NotFound("memory region"))
     }
 
-    /// The bytes of a region, for the application.
+    /// The bytes of a region the RNIC owns, for the application; None for a foreign region
+    /// (the program has its memory) or no region. [`Rnic::mr_read`] serves both.
     pub fn mr_bytes(&self, lkey: u32) -> Option<&[u8]> {
-        self.dev.mem.by_lkey(lkey).map(|m| &m.data[..])
+        self.dev.mem.by_lkey(lkey).and_then(|m| m.data.owned())
     }
     pub fn mr_bytes_mut(&mut self, lkey: u32) -> Option<&mut [u8]> {
-        self.dev.mem.by_lkey_mut(lkey).map(|m| &mut m.data[..])
+        self.dev
+            .mem
+            .by_lkey_mut(lkey)
+            .and_then(|m| m.data.owned_mut())
+    }
+
+    /// Copies `out.len()` bytes from `off` bytes into the region (an offset, not an address)
+    /// with L_Key `lkey` into `out`; owned or foreign. Outside the region: `Invalid`.
+    pub fn mr_read(&self, lkey: u32, off: u64, out: &mut [u8]) -> Result<(), VerbsError> {
+        let m = self
+            .dev
+            .mem
+            .by_lkey(lkey)
+            .ok_or(VerbsError::NotFound("memory region"))?;
+        match usize::try_from(off) {
+            Ok(o) if m.data.read(o, out) => Ok(()),
+            _ => invalid(format!(
+                "{} bytes at offset {off} lie outside the region of {} bytes",
+                out.len(),
+                m.info.length
+            )),
+        }
+    }
+
+    /// Copies `data` to `off` bytes into the region with L_Key `lkey`; owned or foreign.
+    /// Outside the region: `Invalid`, and nothing is written.
+    pub fn mr_write(&mut self, lkey: u32, off: u64, data: &[u8]) -> Result<(), VerbsError> {
+        let m = self
+            .dev
+            .mem
+            .by_lkey_mut(lkey)
+            .ok_or(VerbsError::NotFound("memory region"))?;
+        match usize::try_from(off) {
+            Ok(o) if m.data.write(o, data) => Ok(()),
+            _ => invalid(format!(
+                "{} bytes at offset {off} lie outside the region of {} bytes",
+                data.len(),
+                m.info.length
+            )),
+        }
     }
 
     /// `ibv_create_qp`. The QPN looks random (never 0 or 1, which are reserved); see the `rnic::qpn` module.

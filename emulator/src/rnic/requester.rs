@@ -226,7 +226,17 @@ fn emit_packet(
     let mut bth = BthRepr::new(opcode, qp.attr.dest_qp_num, psn);
     bth.pad = pad_for(payload_len as usize);
     bth.pkey = PKey::DEFAULT;
-    bth.solicited = last && w.wr.flags.contains(SendFlags::SOLICITED);
+    // IBV_SEND_SOLICITED: the SE bit on the last packet of a message that makes a receive
+    // completion, a SEND or a WRITE with immediate (as rxe's init_req_packet).
+    bth.solicited = last
+        && w.wr.flags.contains(SendFlags::SOLICITED)
+        && matches!(
+            w.wr.opcode,
+            WrOpcode::Send
+                | WrOpcode::SendWithImm { .. }
+                | WrOpcode::SendWithInv { .. }
+                | WrOpcode::RdmaWriteWithImm { .. }
+        );
     // Ask for an ACK at the end of a message, every MAX_PKTS_PER_ACK packets, and when this
     // packet fills the window: otherwise nothing acknowledges it before the ACK timeout.
     let fills_window = psn.next().distance_from(qp.acked_psn) >= qp.cwnd.min(MAX_INFLIGHT_PSNS);

@@ -358,6 +358,8 @@ pub struct SendFlags(pub u32);
 impl SendFlags {
     pub const FENCE: SendFlags = SendFlags(1);
     pub const SIGNALED: SendFlags = SendFlags(2);
+    /// The BTH SE bit on the message's last packet, for a SEND or a WRITE with immediate: the
+    /// receiver's CQ armed for solicited completions fires.
     pub const SOLICITED: SendFlags = SendFlags(4);
     pub const INLINE: SendFlags = SendFlags(8);
     pub const fn contains(self, o: SendFlags) -> bool {

@@ -122,7 +122,7 @@ pub(super) fn write_done(
             wc.opcode = WcOpcode::RecvRdmaWithImm;
             wc.imm_data = pkt.ext.imm.unwrap_or(0);
             wc.wc_flags = WcFlags::WITH_IMM;
-            dev.push_wc(qp.recv_cq, wc);
+            dev.push_recv_wc(qp.recv_cq, wc, pkt.bth.solicited);
         }
     } else {
         qp.resp_msg = RespMsg::Write {

@@ -9,6 +9,7 @@ use super::responses::{fatal, push_ack, push_nak, queue, room_for_response};
 use super::{
     in_sequence, length_ok, recv_wc, write_check_len, write_cursor, write_done, write_fits,
 };
+use crate::rnic::mr::AtomicOp;
 use crate::rnic::qp::{Qp, RecvWqe, Resource, RespMsg, RespOut};
 use crate::rnic::verbs::*;
 use crate::rnic::{Dev, Packet};
@@ -184,7 +185,7 @@ fn rc_send(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) -> bool {
         wc.wc_flags = WcFlags(wc.wc_flags.0 | WcFlags::WITH_INV.0);
     }
     qp.msn = qp.msn.next();
-    dev.push_wc(qp.recv_cq, wc);
+    dev.push_recv_wc(qp.recv_cq, wc, pkt.bth.solicited);
     true
 }
 
@@ -220,8 +221,9 @@ fn rc_write(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) -> bool {
         {
             Ok((mr, off)) => {
                 if plen > 0 {
+                    // The check covered `plen` bytes at `off`: the write cannot fail.
                     if let Some(m) = dev.mem.mrs[mr].as_mut() {
-                        m.data[off..off + plen as usize].copy_from_slice(pkt.payload);
+                        m.data.write(off, pkt.payload);
                     }
                 }
             }
@@ -337,24 +339,21 @@ fn rc_atomic(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
         fatal(dev, qp, psn, NakCode::RemoteAccessError, None);
         return;
     };
-    let Some(m) = dev.mem.mrs[mr].as_mut() else {
-        return;
-    };
-    let cell: &mut [u8] = &mut m.data[off..off + 8];
-    // Host memory order (little-endian, as on the x86 hosts rxe and ConnectX serve).
-    let orig = u64::from_le_bytes([
-        cell[0], cell[1], cell[2], cell[3], cell[4], cell[5], cell[6], cell[7],
-    ]);
-    let new = if pkt.bth.opcode == Opcode::RC_COMPARE_SWAP {
-        if orig == a.compare {
-            a.swap_add
-        } else {
-            orig
+    let op = if pkt.bth.opcode == Opcode::RC_COMPARE_SWAP {
+        AtomicOp::CompareSwap {
+            compare: a.compare,
+            swap: a.swap_add,
         }
     } else {
-        orig.wrapping_add(a.swap_add)
+        AtomicOp::FetchAdd(a.swap_add)
     };
-    cell.copy_from_slice(&new.to_le_bytes());
+    // The check covered the 8 bytes at `off`: the operation cannot miss.
+    let Some(orig) = dev.mem.mrs[mr]
+        .as_mut()
+        .and_then(|m| m.data.atomic(off, op))
+    else {
+        return;
+    };
     qp.msn = qp.msn.next();
     qp.resources.push_back(Resource::Atomic {
         psn,

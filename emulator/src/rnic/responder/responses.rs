@@ -216,8 +216,10 @@ pub(crate) fn produce(dev: &mut Dev, qp: &mut Qp, _now: Nanos, buf: &mut [u8]) -
             let n = dev
                 .emit(qp, None, &bth, &ext, buf, plen as usize, |mem, d| {
                     if let Some((mr, o)) = src {
-                        if let Some(Some(m)) = mem.mrs.get(mr) {
-                            d.copy_from_slice(&m.data[o..o + d.len()]);
+                        // Checked just above, so the read succeeds; were it not, no stale
+                        // bytes of an earlier frame go out.
+                        if !matches!(mem.mrs.get(mr), Some(Some(m)) if m.data.read(o, d)) {
+                            d.fill(0);
                         }
                     }
                 })

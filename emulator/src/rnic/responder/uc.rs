@@ -94,7 +94,7 @@ pub(super) fn uc_receive(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
                     wc.imm_data = imm;
                     wc.wc_flags = WcFlags::WITH_IMM;
                 }
-                dev.push_wc(qp.recv_cq, wc);
+                dev.push_recv_wc(qp.recv_cq, wc, pkt.bth.solicited);
             } else {
                 qp.resp_msg = RespMsg::Send { wqe, offset };
             }
@@ -138,7 +138,7 @@ pub(super) fn uc_receive(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
             }
             if plen > 0 {
                 if let Some(Some(m)) = dev.mem.mrs.get_mut(mr) {
-                    m.data[off..off + plen as usize].copy_from_slice(pkt.payload);
+                    m.data.write(off, pkt.payload);
                 }
             }
             write_done(dev, qp, pkt, recv, (rkey, va, plen, remaining, total));

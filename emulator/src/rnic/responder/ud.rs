@@ -60,5 +60,5 @@ pub(super) fn ud_receive(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
         wc.imm_data = imm;
         wc.wc_flags = WcFlags(WcFlags::GRH.0 | WcFlags::WITH_IMM.0);
     }
-    dev.push_wc(qp.recv_cq, wc);
+    dev.push_recv_wc(qp.recv_cq, wc, pkt.bth.solicited);
 }

@@ -1,0 +1,450 @@
+//! The device and its RNIC: configuration from the environment, the `ibv_device` that
+//! `ibv_get_device_list` lists, and the one RNIC per process, started at the first
+//! `ibv_open_device` and shared by every context opened on it.
+//!
+//! Configuration: `ROCEMU_DEV` (`af_packet:IFACE`, or `dpdk:'EAL ARGS'`: not in this build),
+//! `ROCEMU_IP` (the address: GID index 1), `ROCEMU_MAC` (default: the interface's),
+//! `ROCEMU_NAME` (default `rocemu0`). `rocemu exec` sets them. Without `ROCEMU_DEV` the list is
+//! empty and one line on stderr says how to configure; a bad value is one clear line and no
+//! device.
+//!
+//! The engine thread turns the engine (`Engine::poll`) with the RNIC's lock held for one turn at
+//! a time, and between turns answers what the verbs cannot do without the port: asking a
+//! peer's MAC (ARP / neighbour discovery, for `modify_qp` to RTR and `create_ah`), and handing
+//! completion and asynchronous events to their file descriptors. Verbs take the same lock; a
+//! verb waiting for it makes the engine thread step aside before its next turn (`waiting`), so
+//! that a thread polling a CQ is not starved by a spinning engine.
+//!
+//! Invariant: the RNIC is only touched with `inner` locked; every object pointer kept in
+//! `Inner`'s maps is a live object of ours (inserted at create, removed at destroy, both under
+//! the lock).
+use crate::abi::*;
+use crate::ffi::copy_cstr;
+use rocemu_emulator::engine::{Engine, IdleStrategy};
+use rocemu_emulator::port::open::{open_datapath, OpenedPort};
+use rocemu_emulator::port::Port;
+use rocemu_emulator::rng::Seed;
+use rocemu_emulator::rnic::{AsyncEvent, CqId, Mac, Rnic, RnicConfig, Wc};
+use std::collections::{HashMap, VecDeque};
+use std::net::{IpAddr, Ipv6Addr};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+/// GIDs per port: 0 the link-local IPv6 address from the MAC, 1 the configured address.
+pub const GID_TBL_LEN: u32 = 2;
+/// How long a verb waits for a peer's MAC.
+const RESOLVE: Duration = Duration::from_secs(5);
+/// Vendor id: an OUI with the locally administered bit set (0x52 = 0101 0010b), which the IEEE
+/// never assigns, so no table of known devices (perftest's) has it.
+pub const VENDOR_ID: u32 = 0x52_4f_45;
+
+/// What the environment says.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub name: String,
+    pub dev: String,
+    pub ip: IpAddr,
+    pub mac: Option<Mac>,
+    /// The MAC as far as it is known before the port opens (ROCEMU_MAC, or the interface's):
+    /// for the node GUID of an unopened device.
+    pub known_mac: Option<Mac>,
+}
+
+const HOW: &str = "rocemu: no device: set ROCEMU_DEV=af_packet:IFACE and ROCEMU_IP=ADDR, \
+                   or run the program under `rocemu exec`";
+
+fn read_config() -> Result<Config, String> {
+    let dev = std::env::var("ROCEMU_DEV").map_err(|_| HOW.to_string())?;
+    let ip_s = std::env::var("ROCEMU_IP").map_err(|_| {
+        format!("rocemu: ROCEMU_DEV={dev} but no ROCEMU_IP: set ROCEMU_IP=ADDR (this end's address); no device")
+    })?;
+    let ip: IpAddr = ip_s
+        .parse()
+        .map_err(|_| format!("rocemu: ROCEMU_IP={ip_s}: not an IPv4 or IPv6 address; no device"))?;
+    let mac = match std::env::var("ROCEMU_MAC") {
+        Ok(m) => Some(
+            m.parse::<Mac>()
+                .map_err(|e| format!("rocemu: ROCEMU_MAC={m}: {e}; no device"))?,
+        ),
+        Err(_) => None,
+    };
+    if let Some(m) = mac {
+        if m == Mac([0; 6]) || m.is_multicast() {
+            return Err(format!(
+                "rocemu: ROCEMU_MAC={m} cannot be a unicast source; no device"
+            ));
+        }
+    }
+    let name = std::env::var("ROCEMU_NAME").unwrap_or_else(|_| "rocemu0".into());
+    if name.is_empty() || name.len() >= IBV_SYSFS_NAME_MAX || name.contains('/') {
+        return Err(format!(
+            "rocemu: ROCEMU_NAME={name}: a device name is 1 to 63 characters without '/'; no device"
+        ));
+    }
+    let known_mac = if let Some(ifname) = dev.strip_prefix("af_packet:") {
+        let sys = format!("/sys/class/net/{ifname}/address");
+        let a = std::fs::read_to_string(&sys).map_err(|_| {
+            format!("rocemu: ROCEMU_DEV={dev}: no network interface {ifname:?}; no device")
+        })?;
+        mac.or(a.trim().parse().ok())
+    } else if dev.starts_with("dpdk:") {
+        if cfg!(feature = "dpdk") {
+            mac
+        } else {
+            return Err(format!(
+                "rocemu: ROCEMU_DEV={dev}: this libibverbs was built without DPDK; no device"
+            ));
+        }
+    } else {
+        return Err(format!(
+            "rocemu: ROCEMU_DEV={dev}: give af_packet:IFACE or dpdk:'EAL ARGS'; no device"
+        ));
+    };
+    Ok(Config {
+        name,
+        dev,
+        ip,
+        mac,
+        known_mac,
+    })
+}
+
+/// The configuration, read once; `None` (said once on stderr) when there is none or it is bad.
+pub fn config() -> Option<&'static Config> {
+    static CFG: OnceLock<Option<Config>> = OnceLock::new();
+    CFG.get_or_init(|| match read_config() {
+        Ok(c) => Some(c),
+        Err(msg) => {
+            eprintln!("{msg}");
+            None
+        }
+    })
+    .as_ref()
+}
+
+/// Our `ibv_device`, with the `verbs_device` words after it that provider libraries read.
+#[repr(C)]
+pub struct Device {
+    pub vd: verbs_device,
+}
+
+/// The device, made once (its address is what `ibv_get_device_list` hands out, for good).
+pub fn device() -> Option<*mut ibv_device> {
+    static DEV: OnceLock<Option<usize>> = OnceLock::new();
+    let p = DEV.get_or_init(|| {
+        let cfg = config()?;
+        // SAFETY: verbs_device is plain data (integers, arrays, pointers): all zeroes is a
+        // valid value of it.
+        let mut d: Box<Device> = Box::new(unsafe { std::mem::zeroed() });
+        d.vd.device.node_type = IBV_NODE_CA;
+        d.vd.device.transport_type = IBV_TRANSPORT_IB;
+        copy_cstr(&mut d.vd.device.name, &cfg.name);
+        copy_cstr(&mut d.vd.device.dev_name, "uverbs0");
+        copy_cstr(
+            &mut d.vd.device.dev_path,
+            "/sys/class/infiniband_verbs/uverbs0",
+        );
+        copy_cstr(
+            &mut d.vd.device.ibdev_path,
+            &format!("/sys/class/infiniband/{}", cfg.name),
+        );
+        Some(Box::into_raw(d) as usize)
+    });
+    p.map(|p| p as *mut ibv_device)
+}
+
+/// An asynchronous event as the program will see it: its type and the object's address.
+#[derive(Debug, Clone, Copy)]
+pub struct Event {
+    pub event_type: libc::c_int,
+    pub element: usize,
+}
+
+/// What the lock guards.
+pub struct Inner {
+    pub rnic: Rnic,
+    /// `ibv_poll_cq`'s scratch: taken from the core, then written into the caller's array
+    /// (kept, so that polling does not allocate).
+    pub wcs: Vec<Wc>,
+    /// Asynchronous events not yet read by `ibv_get_async_event`.
+    pub events: VecDeque<Event>,
+    /// Our objects by their core handles: CQ index → `*mut verbs::Cq`, QPN → `*mut verbs::Qp`.
+    pub cqs: HashMap<u32, usize>,
+    pub qps: HashMap<u32, usize>,
+    /// Armed CQs (`ibv_req_notify_cq`) and whether only solicited completions count.
+    pub armed: Vec<(CqId, bool)>,
+}
+
+/// The process's RNIC.
+pub struct Nic {
+    inner: Mutex<Inner>,
+    /// Verbs waiting for the lock: the engine thread lets them in before its next turn.
+    waiting: AtomicUsize,
+    /// Addresses a verb waits to know the MAC of.
+    want: Mutex<Vec<IpAddr>>,
+    pub mac: Mac,
+    /// GID index i is `ips[i]`.
+    pub ips: Vec<IpAddr>,
+    pub eth_mtu: usize,
+    /// The eventfd (semaphore mode) counting unread asynchronous events; each context's
+    /// `async_fd` is a duplicate of it.
+    pub async_efd: libc::c_int,
+    pub node_guid: u64,
+}
+
+/// The link-local IPv6 address of `mac` (modified EUI-64), as Linux makes it.
+pub fn link_local(mac: Mac) -> IpAddr {
+    let m = mac.0;
+    IpAddr::V6(Ipv6Addr::from([
+        0xfe,
+        0x80,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        m[0] ^ 2,
+        m[1],
+        m[2],
+        0xff,
+        0xfe,
+        m[3],
+        m[4],
+        m[5],
+    ]))
+}
+
+/// The node GUID Linux gives rxe: the MAC as a modified EUI-64.
+pub fn guid_of(mac: Mac) -> u64 {
+    let m = mac.0;
+    u64::from_be_bytes([m[0] ^ 2, m[1], m[2], 0xff, 0xfe, m[3], m[4], m[5]])
+}
+
+impl Nic {
+    /// The lock, ahead of the engine's next turn.
+    pub fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.waiting.fetch_add(1, Ordering::Relaxed);
+        let g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        self.waiting.fetch_sub(1, Ordering::Relaxed);
+        g
+    }
+
+    /// The MAC of `ip`: known to the RNIC, or asked for by the engine thread (up to
+    /// [`RESOLVE`]).
+    pub fn resolve(&self, ip: IpAddr) -> Option<Mac> {
+        let deadline = Instant::now() + RESOLVE;
+        let mut asked = false;
+        loop {
+            if let Some(m) = self.lock().rnic.neighbor(ip) {
+                return Some(m);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            if !asked {
+                self.want.lock().unwrap_or_else(|p| p.into_inner()).push(ip);
+                asked = true;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Signals `n` new asynchronous events on the eventfd.
+    fn signal_async(&self, n: u64) {
+        if n > 0 {
+            eventfd_add(self.async_efd, n);
+        }
+    }
+}
+
+/// Adds `n` to an eventfd's counter.
+pub fn eventfd_add(fd: libc::c_int, n: u64) {
+    // SAFETY: writes 8 bytes from a local u64 to a file descriptor we own.
+    let _ = unsafe { libc::write(fd, (&n as *const u64).cast(), 8) };
+}
+
+/// The RNIC, started at the first call; `Err(errno)` when there is no device or the datapath
+/// would not open (said once on stderr).
+pub fn nic() -> Result<&'static Nic, libc::c_int> {
+    static NIC: OnceLock<Option<&'static Nic>> = OnceLock::new();
+    NIC.get_or_init(|| match start() {
+        Ok(n) => {
+            let _ = STARTED.set(n);
+            Some(n)
+        }
+        Err(msg) => {
+            eprintln!("rocemu: {msg}");
+            None
+        }
+    })
+    .ok_or(libc::ENODEV)
+}
+
+/// The RNIC if it was started, without starting it.
+pub fn started() -> Option<&'static Nic> {
+    STARTED.get().copied()
+}
+
+static STARTED: OnceLock<&'static Nic> = OnceLock::new();
+
+fn open_dpdk(args: &str) -> Result<Box<dyn Port + Send>, String> {
+    #[cfg(feature = "dpdk")]
+    {
+        let p = rocemu_dpdk::DpdkPort::open(args).map_err(|e| e.to_string())?;
+        Ok(Box::new(p))
+    }
+    #[cfg(not(feature = "dpdk"))]
+    {
+        Err(format!(
+            "ROCEMU_DEV=dpdk:{args}: this libibverbs was built without DPDK"
+        ))
+    }
+}
+
+fn start() -> Result<&'static Nic, String> {
+    let cfg = config().ok_or("no device configured")?;
+    let mut addrs = vec![cfg.ip];
+    if let Some(m) = cfg.known_mac {
+        addrs.insert(0, link_local(m));
+    }
+    let OpenedPort { port, guard } = open_datapath(
+        "ROCEMU_DEV",
+        &cfg.dev,
+        &addrs,
+        cfg.mac.is_some(),
+        &open_dpdk,
+    )?;
+    let mac = cfg.mac.unwrap_or(port.mac());
+    if mac == Mac([0; 6]) || mac.is_multicast() {
+        return Err(format!(
+            "{} has MAC {mac}, which cannot be a unicast source: set ROCEMU_MAC",
+            port.name()
+        ));
+    }
+    let ips = vec![link_local(mac), cfg.ip];
+    let mut rc = RnicConfig::new(mac, cfg.ip, 0);
+    rc.ips = ips.clone();
+    rc.seed = Seed::from_os()?;
+    rc.eth_mtu = port.mtu();
+    let eth_mtu = port.mtu();
+    let rnic = Rnic::new(rc);
+    let mut engine = Engine::new(port);
+    engine.set_idle_strategy(match std::env::var("ROCEMU_IDLE").as_deref() {
+        Ok("backoff") => IdleStrategy::Backoff,
+        _ => IdleStrategy::BusyPoll,
+    });
+    // SAFETY: eventfd takes no pointers; the descriptor is ours for the life of the process.
+    let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_SEMAPHORE) };
+    if efd < 0 {
+        return Err(format!("eventfd: {}", std::io::Error::last_os_error()));
+    }
+    let nic: &'static Nic = Box::leak(Box::new(Nic {
+        inner: Mutex::new(Inner {
+            rnic,
+            wcs: Vec::with_capacity(4096),
+            events: VecDeque::new(),
+            cqs: HashMap::new(),
+            qps: HashMap::new(),
+            armed: Vec::new(),
+        }),
+        waiting: AtomicUsize::new(0),
+        want: Mutex::new(Vec::new()),
+        mac,
+        ips,
+        eth_mtu,
+        async_efd: efd,
+        node_guid: guid_of(mac),
+    }));
+    std::thread::Builder::new()
+        .name("rocemu-engine".into())
+        .spawn(move || run(nic, engine, guard))
+        .map_err(|e| format!("cannot start the engine thread: {e}"))?;
+    Ok(nic)
+}
+
+/// An address being asked about.
+struct Asking {
+    ip: IpAddr,
+    next: Instant,
+    until: Instant,
+}
+
+/// The engine thread: a turn of the engine per iteration, then the neighbour requests and the
+/// events. Runs for the life of the process.
+fn run(
+    nic: &'static Nic,
+    mut engine: Engine,
+    _guard: Option<rocemu_emulator::port::af_packet::KernelGuard>,
+) {
+    let mut asking: Vec<Asking> = Vec::new();
+    loop {
+        // Let a waiting verb in first (bounded: a verb thread that was descheduled between
+        // announcing itself and locking must not stop the engine).
+        let mut spins = 0u32;
+        while nic.waiting.load(Ordering::Relaxed) > 0 && spins < 20_000 {
+            std::hint::spin_loop();
+            spins += 1;
+        }
+        let w = {
+            let mut g = nic.inner.lock().unwrap_or_else(|p| p.into_inner());
+            let g = &mut *g;
+            let w = engine.poll(&mut g.rnic);
+            if let Ok(mut want) = nic.want.try_lock() {
+                let now = Instant::now();
+                for ip in want.drain(..) {
+                    if !asking.iter().any(|a| a.ip == ip) {
+                        asking.push(Asking {
+                            ip,
+                            next: now,
+                            until: now + RESOLVE,
+                        });
+                    }
+                }
+            }
+            if !asking.is_empty() {
+                let now = Instant::now();
+                asking.retain_mut(|a| {
+                    if engine.neighbor(&mut g.rnic, a.ip).is_some() {
+                        return false;
+                    }
+                    if now >= a.until {
+                        engine.forget_solicit(a.ip);
+                        return false;
+                    }
+                    if now >= a.next {
+                        let _ = engine.solicit(&mut g.rnic, a.ip);
+                        a.next = now + Duration::from_millis(250);
+                    }
+                    true
+                });
+            }
+            if w > 0 {
+                let mut n = 0;
+                while let Some(e) = g.rnic.poll_async_event() {
+                    let ev = match e {
+                        AsyncEvent::CqErr(cq) => g.cqs.get(&cq.0).map(|&p| Event {
+                            event_type: IBV_EVENT_CQ_ERR,
+                            element: p,
+                        }),
+                        AsyncEvent::QpFatal(q) => g.qps.get(&q.value()).map(|&p| Event {
+                            event_type: IBV_EVENT_QP_FATAL,
+                            element: p,
+                        }),
+                    };
+                    if let Some(ev) = ev {
+                        if g.events.len() < 4096 {
+                            g.events.push_back(ev);
+                            n += 1;
+                        }
+                    }
+                }
+                nic.signal_async(n);
+                crate::verbs::deliver_cq_events(g);
+            }
+            w
+        };
+        engine.idle(w);
+    }
+}

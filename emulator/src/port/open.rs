@@ -1,0 +1,61 @@
+//! Opening a datapath from its spec string (`af_packet:IFACE` or `dpdk:'EAL ARGS'`): shared by
+//! the CLI's `--dev` and the drop-in libibverbs' `ROCEMU_DEV`, so that both accept the same
+//! strings and say the same things about bad ones.
+//!
+//! DPDK lives above the emulator (`rocemu-dpdk` depends on it), so the caller hands in how to
+//! open a DPDK port.
+use super::af_packet::{AfPacketOptions, AfPacketPort, KernelGuard};
+use super::Port;
+use std::net::IpAddr;
+
+/// How the caller opens `dpdk:ARGS` (its EAL arguments), or why it cannot.
+pub type OpenDpdk<'a> = &'a dyn Fn(&str) -> Result<Box<dyn Port + Send>, String>;
+
+/// A port and what must live as long as it.
+pub struct OpenedPort {
+    pub port: Box<dyn Port + Send>,
+    /// Keeps the kernel from answering RoCE's UDP port (see [`KernelGuard`]).
+    pub guard: Option<KernelGuard>,
+}
+
+impl std::fmt::Debug for OpenedPort {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpenedPort")
+            .field("port", &self.port.name())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Opens the datapath `dev` for the addresses `addrs` (the AF_PACKET filter reads RoCEv2
+/// datagrams to them); `promiscuous` when the RNIC uses a MAC other than the interface's.
+/// `what` names the setting in error messages (`--dev`, `ROCEMU_DEV`).
+pub fn open_datapath(
+    what: &str,
+    dev: &str,
+    addrs: &[IpAddr],
+    promiscuous: bool,
+    dpdk: OpenDpdk<'_>,
+) -> Result<OpenedPort, String> {
+    if let Some(ifname) = dev.strip_prefix("af_packet:") {
+        let opts = AfPacketOptions {
+            promiscuous,
+            addrs: addrs.to_vec(),
+        };
+        let p = AfPacketPort::open(ifname, &opts).map_err(|e| e.to_string())?;
+        Ok(OpenedPort {
+            port: Box::new(p),
+            guard: Some(KernelGuard::new()),
+        })
+    } else if let Some(args) = dev.strip_prefix("dpdk:") {
+        // A PMD on a kernel interface (net_af_packet, net_af_xdp, net_tap) leaves the kernel
+        // seeing the same datagrams; on a real NIC the guard costs two idle sockets.
+        Ok(OpenedPort {
+            port: dpdk(args)?,
+            guard: Some(KernelGuard::new()),
+        })
+    } else {
+        Err(format!(
+            "{what} {dev}: give af_packet:IFACE or dpdk:'EAL ARGS'"
+        ))
+    }
+}
