@@ -233,7 +233,7 @@ static void impossible_verbs(struct end *e)
 
 	qp = rc_qp(e, cq, NULL);
 	char buf[64];
-	struct ibv_mr *mr = reg(e->pd, buf, sizeof buf, "stack, 64 bytes");
+	struct ibv_mr *mr = reg(e->pd, buf, sizeof buf, "stack");
 	struct ibv_sge sge = { .addr = (uintptr_t)buf, .length = 8, .lkey = mr->lkey };
 	struct ibv_send_wr wr = { .wr_id = 1, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_SEND,
 				  .send_flags = IBV_SEND_SIGNALED }, *bad = NULL;
