@@ -7,6 +7,7 @@ mod conformance;
 mod datapath;
 mod decode;
 mod demo;
+mod exec;
 mod forge_cm;
 mod perf;
 mod pingpong;
@@ -30,6 +31,9 @@ enum Cmd {
     /// Two RoCEmu RNICs in one process: every verb, then RC over a lossy wire; checks every
     /// byte and completion and prints a table. Exit status 0 only when everything verified.
     Demo(demo::Args),
+    /// Run an unmodified ibverbs program on RoCEmu's drop-in libibverbs.so.1, on --dev.
+    /// Exit status: the program's; 125 when RoCEmu could not start, 127 when it is not found.
+    Exec(exec::Args),
     /// Hidden, for hostile-peer tests: forged CM REQs, DREQs and REJs from made-up sources.
     #[command(hide = true)]
     ForgeCm(forge_cm::Args),
@@ -60,7 +64,15 @@ fn default_sigpipe() {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        // `rocemu exec`'s own usage errors are 125, as `env`'s: its other statuses are PROGRAM's.
+        Err(e) if e.use_stderr() && std::env::args().nth(1).as_deref() == Some("exec") => {
+            let _ = e.print();
+            return ExitCode::from(exec::EXIT_CANNOT_START);
+        }
+        Err(e) => e.exit(),
+    };
     if !matches!(cli.cmd, Cmd::Agent(_) | Cmd::Conformance(_)) {
         default_sigpipe();
     }
@@ -69,6 +81,7 @@ fn main() -> ExitCode {
         Cmd::Conformance(a) => conformance::run(&a),
         Cmd::Decode(a) => decode::run(&a),
         Cmd::Demo(a) => demo::run(&a),
+        Cmd::Exec(a) => exec::run(&a),
         Cmd::ForgeCm(a) => forge_cm::run(&a),
         Cmd::Perf(a) => perf::run(&a),
         Cmd::Pingpong(a) => pingpong::run(&a),
