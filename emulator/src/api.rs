@@ -127,6 +127,11 @@ impl Device {
         self.lock().poll_async_event()
     }
 
+    /// `ibv_get_async_event` without blocking, all at once: appends every event not yet taken.
+    pub fn take_async_events(&self, out: &mut Vec<AsyncEvent>) {
+        self.lock().take_async_events(out)
+    }
+
     /// Waits for the next completion on `cq` (an awaitable `ibv_poll_cq`). Fails when the CQ
     /// is in error (it overflowed: no completion would ever come) or does not exist.
     pub async fn next_wc(&self, cq: CqId) -> Result<Wc, VerbsError> {

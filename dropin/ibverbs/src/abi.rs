@@ -711,3 +711,5 @@ pub const IBV_WC_GRH: c_uint = 1 << 0;
 
 pub const IBV_EVENT_CQ_ERR: c_int = 0;
 pub const IBV_EVENT_QP_FATAL: c_int = 1;
+pub const IBV_EVENT_SRQ_LIMIT_REACHED: c_int = 15;
+pub const IBV_EVENT_QP_LAST_WQE_REACHED: c_int = 16;

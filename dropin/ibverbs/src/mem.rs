@@ -1,18 +1,26 @@
-//! Registering the program's own memory with the core (`ibv_reg_mr`): the one place that
-//! makes a region over memory the RNIC does not own.
+//! Registering the program's own memory with the core (`ibv_reg_mr`): the one place in this
+//! crate that makes a region over memory the RNIC does not own (the raw accesses themselves are
+//! the emulator's `dma` module's).
+use rocemu_emulator::dma::ForeignMem;
 use rocemu_emulator::rnic::mr::MrInfo;
 use rocemu_emulator::rnic::{Access, PdId, Rnic, VerbsError};
 
 /// Registers `len` bytes at `addr` of the program's, addressed by the core as `iova…`.
+///
+/// The caller checked that `[addr, addr + len)` does not wrap; that the range is mapped is the
+/// program's promise to `ibv_reg_mr` (as to any NIC: a region over memory it does not have is
+/// its own fault, and a real NIC's DMA to it would fault too).
 pub fn register(
-    _rnic: &mut Rnic,
-    _pd: PdId,
-    _addr: *mut u8,
-    _len: usize,
-    _iova: u64,
-    _access: Access,
+    rnic: &mut Rnic,
+    pd: PdId,
+    addr: *mut u8,
+    len: usize,
+    iova: u64,
+    access: Access,
 ) -> Result<MrInfo, VerbsError> {
-    Err(VerbsError::Invalid(
-        "regions over the program's memory need the emulator's ForeignMem (not merged yet)".into(),
-    ))
+    // SAFETY: ibv_reg_mr's contract (verbs: the memory stays allocated and mapped until
+    // ibv_dereg_mr, which takes the RNIC's lock and drops the ForeignMem before returning), as
+    // ForeignMem::new asks.
+    let mem = unsafe { ForeignMem::new(addr, len) };
+    rnic.reg_mr_foreign(pd, mem, iova, access)
 }

@@ -23,7 +23,7 @@ use std::ffi::CStr;
 use std::mem::{offset_of, size_of, zeroed};
 use std::net::IpAddr;
 use std::ptr::{null, null_mut};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 // ---- our objects ---------------------------------------------------------------------------
@@ -56,10 +56,8 @@ pub struct Channel {
 pub struct Cq {
     pub ibv: ibv_cq,
     pub id: CqId,
-    pub depth: usize,
-    /// Completions the engine thread took from the core to learn that an armed CQ had one
-    /// (see [`deliver_cq_events`]); `ibv_poll_cq` returns them first. Guarded by the NIC lock.
-    pub stash: VecDeque<Wc>,
+    /// The NIC's `progress` at which this CQ was last found empty (0: never).
+    pub empty_at: AtomicU64,
 }
 
 #[repr(C)]
@@ -765,8 +763,7 @@ pub extern "C" fn ibv_create_cq(
                 async_events_completed: 0,
             },
             id,
-            depth: cqe as usize,
-            stash: VecDeque::new(),
+            empty_at: AtomicU64::new(0),
         });
         let p = Box::into_raw(cq);
         g.cqs.insert(id.0, p as usize);
@@ -788,7 +785,6 @@ pub extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
         // SAFETY: a CQ of ours.
         let c = unsafe { &*(cq as *mut Cq) };
         g.cqs.remove(&c.id.0);
-        g.armed.retain(|(id, _)| *id != c.id);
         if !c.ibv.channel.is_null() {
             // SAFETY: its channel, alive while it has CQs (destroy_comp_channel says EBUSY).
             let ch = unsafe { &mut *(c.ibv.channel as *mut Channel) };
@@ -863,6 +859,11 @@ fn to_ibv_wc(w: &Wc) -> ibv_wc {
     }
 }
 
+thread_local! {
+    /// Empty polls in a row on this thread (for the occasional yield of `poll_cq_op`).
+    static EMPTY_POLLS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
 unsafe extern "C" fn poll_cq_op(cq: *mut ibv_cq, num: c_int, wc: *mut ibv_wc) -> c_int {
     guard(-1, || {
         if cq.is_null() || num < 0 || (wc.is_null() && num > 0) {
@@ -871,31 +872,39 @@ unsafe extern "C" fn poll_cq_op(cq: *mut ibv_cq, num: c_int, wc: *mut ibv_wc) ->
         let Ok(n) = the_nic() else {
             return -libc::ENODEV;
         };
-        let mut g = n.lock();
-        let g = &mut *g;
-        // SAFETY: a CQ of ours; its stash is guarded by the NIC lock, which we hold.
-        let c = unsafe { &mut *(cq as *mut Cq) };
-        let mut k = 0usize;
-        let max = num as usize;
-        while k < max {
-            let Some(w) = c.stash.pop_front() else { break };
-            // SAFETY: wc has room for `num` entries (the caller's array).
-            unsafe { *wc.add(k) = to_ibv_wc(&w) };
-            k += 1;
+        // SAFETY: a CQ of ours.
+        let c = unsafe { &*(cq as *mut Cq) };
+        // Nothing happened since this CQ was found empty: it still is (no lock taken). A
+        // program spinning on an empty CQ yields now and then: on a machine with fewer cores
+        // than spinning threads, the engine thread that would fill the CQ needs this core (the
+        // yield returns at once when nothing else wants it).
+        let gen = n.progress.load(Ordering::SeqCst);
+        if c.empty_at.load(Ordering::Relaxed) == gen {
+            EMPTY_POLLS.with(|e| {
+                let k = e.get().wrapping_add(1);
+                e.set(k);
+                if k % 64 == 0 {
+                    std::thread::yield_now();
+                }
+            });
+            return 0;
         }
-        if k < max {
-            g.wcs.clear();
-            let m = g.rnic.poll_cq_into(c.id, max - k, &mut g.wcs);
-            for w in &g.wcs[..m] {
-                // SAFETY: as above; k + m ≤ num.
-                unsafe { *wc.add(k) = to_ibv_wc(w) };
-                k += 1;
-            }
-            if k == 0 && g.rnic.cq_overflowed(c.id) {
+        let id = c.id;
+        let mut g = n.lock_to_poll();
+        let g = &mut *g;
+        g.wcs.clear();
+        let m = g.rnic.poll_cq_into(id, num as usize, &mut g.wcs);
+        if m == 0 {
+            if g.rnic.cq_overflowed(id) {
                 return -libc::EIO;
             }
+            c.empty_at.store(gen, Ordering::Relaxed);
         }
-        k as c_int
+        for (k, w) in g.wcs[..m].iter().enumerate() {
+            // SAFETY: wc has room for `num` ≥ m entries (the caller's array).
+            unsafe { *wc.add(k) = to_ibv_wc(w) };
+        }
+        m as c_int
     })
 }
 
@@ -905,53 +914,31 @@ unsafe extern "C" fn req_notify_cq_op(cq: *mut ibv_cq, solicited_only: c_int) ->
             return EINVAL;
         }
         let n = try_errno!(the_nic());
-        let mut g = n.lock();
         // SAFETY: a CQ of ours.
         let id = unsafe { (*(cq as *mut Cq)).id };
-        if !g.armed.iter().any(|(c, _)| *c == id) {
-            g.armed.push((id, solicited_only != 0));
+        match n.lock().rnic.req_notify_cq(id, solicited_only != 0) {
+            Ok(()) => 0,
+            Err(e) => errno_of(&e),
         }
-        0
     })
 }
 
-/// The engine thread, after a turn that did work: an armed CQ with a completion gets its event
-/// (once: arming is one-shot). The completions it took to learn that wait in the CQ's stash,
-/// ahead of the core's, for `ibv_poll_cq`; at most the CQ's depth of them (beyond that they stay
-/// in the core, whose CQ overflows as a full CQ does).
-///
-/// Solicited-only arming is treated as arming for any completion: an event a program did not
-/// ask for is a spurious wake-up, which the verbs allow (the program polls and finds work).
+/// The engine thread, after each turn: the CQs whose armed notification fired get their event
+/// on their completion channel (queue and eventfd).
 pub fn deliver_cq_events(g: &mut Inner) {
-    if g.armed.is_empty() {
-        return;
-    }
-    let mut i = 0;
-    while i < g.armed.len() {
-        let (id, _sol) = g.armed[i];
-        let Some(&p) = g.cqs.get(&id.0) else {
-            g.armed.swap_remove(i);
-            continue;
-        };
-        // SAFETY: a live CQ of ours (in the map); its stash is guarded by the lock we hold.
-        let c = unsafe { &mut *(p as *mut Cq) };
-        if c.stash.is_empty() {
-            g.wcs.clear();
-            let room = c.depth.saturating_sub(c.stash.len());
-            let m = g.rnic.poll_cq_into(id, room, &mut g.wcs);
-            c.stash.extend(g.wcs.drain(..m));
-        }
-        if c.stash.is_empty() {
-            i += 1;
+    g.cq_events.clear();
+    g.rnic.take_cq_events(&mut g.cq_events);
+    for id in &g.cq_events {
+        let Some(&p) = g.cqs.get(&id.0) else { continue };
+        // SAFETY: a live CQ of ours (in the map, changed only under the lock we hold).
+        let c = unsafe { &*(p as *const Cq) };
+        if c.ibv.channel.is_null() {
             continue;
         }
-        g.armed.swap_remove(i);
-        if !c.ibv.channel.is_null() {
-            // SAFETY: the CQ's channel outlives it.
-            let ch = unsafe { &*(c.ibv.channel as *const Channel) };
-            ch.q.lock().unwrap_or_else(|p| p.into_inner()).push_back(p);
-            nic::eventfd_add(ch.ibv.fd, 1);
-        }
+        // SAFETY: the CQ's channel outlives it (destroy_comp_channel says EBUSY meanwhile).
+        let ch = unsafe { &*(c.ibv.channel as *const Channel) };
+        ch.q.lock().unwrap_or_else(|p| p.into_inner()).push_back(p);
+        nic::eventfd_add(ch.ibv.fd, 1);
     }
 }
 
@@ -1064,9 +1051,12 @@ fn create_qp_common(a: &CreateQp) -> Result<*mut Qp, c_int> {
         return Err(EINVAL);
     }
     let qp_type = qp_type_of(a.qp_type)?;
-    if !a.srq.is_null() {
-        return Err(EOPNOTSUPP);
-    }
+    let srq = if a.srq.is_null() {
+        None
+    } else {
+        // SAFETY: an SRQ of ours.
+        Some(unsafe { (*(a.srq as *mut Srq)).id })
+    };
     // SAFETY: PD and CQs of ours.
     let (pd, scq, rcq) = unsafe {
         (
@@ -1079,7 +1069,7 @@ fn create_qp_common(a: &CreateQp) -> Result<*mut Qp, c_int> {
         qp_type,
         send_cq: scq,
         recv_cq: rcq,
-        srq: None,
+        srq,
         cap: QpCap {
             max_send_wr: a.cap.max_send_wr,
             max_recv_wr: a.cap.max_recv_wr,
@@ -1628,36 +1618,144 @@ unsafe extern "C" fn post_recv_op(
 
 // ---- SRQ -----------------------------------------------------------------------------------
 
+#[repr(C)]
+pub struct Srq {
+    pub ibv: ibv_srq,
+    pub id: SrqId,
+}
+
 unsafe extern "C" fn post_srq_recv_op(
-    _srq: *mut ibv_srq,
+    srq: *mut ibv_srq,
     wr: *mut ibv_recv_wr,
     bad: *mut *mut ibv_recv_wr,
 ) -> c_int {
-    if !bad.is_null() {
-        // SAFETY: the caller's out-parameter.
-        unsafe { *bad = wr };
-    }
-    EOPNOTSUPP
+    guard(EINVAL, || {
+        if srq.is_null() {
+            return EINVAL;
+        }
+        let n = try_errno!(the_nic());
+        // SAFETY: an SRQ of ours.
+        let id = unsafe { (*(srq as *mut Srq)).id };
+        let mut g = n.lock();
+        let mut w = wr;
+        while !w.is_null() {
+            // SAFETY: the caller's work request chain.
+            let r = recv_wr(unsafe { &*w })
+                .and_then(|x| g.rnic.post_srq_recv(id, x).map_err(|e| errno_of(&e)));
+            if let Err(e) = r {
+                if !bad.is_null() {
+                    // SAFETY: the caller's out-parameter.
+                    unsafe { *bad = w };
+                }
+                return e;
+            }
+            // SAFETY: as above.
+            w = unsafe { (*w).next };
+        }
+        0
+    })
 }
 
-pub extern "C" fn ibv_create_srq(_pd: *mut ibv_pd, _init: *mut ibv_srq_init_attr) -> *mut ibv_srq {
-    fail_ptr(EOPNOTSUPP)
+pub extern "C" fn ibv_create_srq(pd: *mut ibv_pd, init: *mut ibv_srq_init_attr) -> *mut ibv_srq {
+    guard(null_mut(), || {
+        if pd.is_null() || init.is_null() {
+            return fail_ptr(EINVAL);
+        }
+        let n = try_null!(the_nic());
+        // SAFETY: a PD of ours and the caller's attributes.
+        let (p, i) = unsafe { (&*(pd as *mut Pd), &*init) };
+        let mut g = n.lock();
+        let id = match g.rnic.create_srq(
+            p.id,
+            SrqInitAttr {
+                max_wr: i.attr.max_wr,
+                max_sge: i.attr.max_sge,
+                srq_limit: i.attr.srq_limit,
+            },
+        ) {
+            Ok(id) => id,
+            Err(e) => return fail_ptr(errno_of(&e)),
+        };
+        let srq = Box::into_raw(Box::new(Srq {
+            ibv: ibv_srq {
+                context: p.ibv.context,
+                srq_context: i.srq_context,
+                pd,
+                handle: id.handle(),
+                mutex: libc::PTHREAD_MUTEX_INITIALIZER,
+                cond: libc::PTHREAD_COND_INITIALIZER,
+                events_completed: 0,
+            },
+            id,
+        }));
+        g.srqs.insert(id.handle(), srq as usize);
+        srq.cast()
+    })
 }
 
-pub extern "C" fn ibv_modify_srq(
-    _srq: *mut ibv_srq,
-    _attr: *mut ibv_srq_attr,
-    _mask: c_int,
-) -> c_int {
-    EOPNOTSUPP
+const IBV_SRQ_MAX_WR: c_int = 1;
+const IBV_SRQ_LIMIT: c_int = 2;
+
+pub extern "C" fn ibv_modify_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr, mask: c_int) -> c_int {
+    guard(EINVAL, || {
+        if srq.is_null() || attr.is_null() || mask & !(IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT) != 0 {
+            return EINVAL;
+        }
+        let n = try_errno!(the_nic());
+        // SAFETY: an SRQ of ours and the caller's attributes.
+        let (id, a) = unsafe { ((*(srq as *mut Srq)).id, &*attr) };
+        let max_wr = (mask & IBV_SRQ_MAX_WR != 0).then_some(a.max_wr);
+        let limit = (mask & IBV_SRQ_LIMIT != 0).then_some(a.srq_limit);
+        match n.lock().rnic.modify_srq(id, max_wr, limit) {
+            Ok(()) => 0,
+            Err(e) => errno_of(&e),
+        }
+    })
 }
 
-pub extern "C" fn ibv_query_srq(_srq: *mut ibv_srq, _attr: *mut ibv_srq_attr) -> c_int {
-    EOPNOTSUPP
+pub extern "C" fn ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr) -> c_int {
+    guard(EINVAL, || {
+        if srq.is_null() || attr.is_null() {
+            return EINVAL;
+        }
+        let n = try_errno!(the_nic());
+        // SAFETY: an SRQ of ours.
+        let id = unsafe { (*(srq as *mut Srq)).id };
+        match n.lock().rnic.query_srq(id) {
+            Ok(a) => {
+                // SAFETY: the caller's attributes, non-NULL.
+                unsafe {
+                    *attr = ibv_srq_attr {
+                        max_wr: a.max_wr,
+                        max_sge: a.max_sge,
+                        srq_limit: a.srq_limit,
+                    }
+                };
+                0
+            }
+            Err(e) => errno_of(&e),
+        }
+    })
 }
 
-pub extern "C" fn ibv_destroy_srq(_srq: *mut ibv_srq) -> c_int {
-    EOPNOTSUPP
+pub extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
+    guard(EINVAL, || {
+        if srq.is_null() {
+            return EINVAL;
+        }
+        let n = try_errno!(the_nic());
+        // SAFETY: an SRQ of ours.
+        let id = unsafe { (*(srq as *mut Srq)).id };
+        let mut g = n.lock();
+        if let Err(e) = g.rnic.destroy_srq(id) {
+            return errno_of(&e);
+        }
+        g.srqs.remove(&id.handle());
+        drop(g);
+        // SAFETY: an SRQ from create_srq, given back once.
+        drop(unsafe { Box::from_raw(srq as *mut Srq) });
+        0
+    })
 }
 
 // ---- AH ------------------------------------------------------------------------------------

@@ -194,6 +194,12 @@ impl Rnic {
         self.dev.async_events.pop_front()
     }
 
+    /// `ibv_get_async_event` without blocking, all at once: appends every event not yet taken
+    /// to `out`, oldest first.
+    pub fn take_async_events(&mut self, out: &mut Vec<AsyncEvent>) {
+        out.extend(self.dev.async_events.drain(..));
+    }
+
     /// Moves the QPs on CQs that went to error to ERR (`IBV_EVENT_QP_FATAL`): their outstanding
     /// work requests are flushed (the completions meant for the failed CQ are lost; those for
     /// a QP's other CQ arrive there). Flushing may overflow another CQ: repeated until none is

@@ -10,6 +10,7 @@ use super::mr::MemTable;
 use super::qp::Qp;
 use super::qpn::{QpnMap, Slots};
 use super::schedule::TX_BURST;
+use super::srq::SrqTable;
 use super::verbs::*;
 use crate::engine::neighbors::Neighbors;
 use crate::rng::{KeyRng, Seed};
@@ -104,6 +105,9 @@ pub(crate) struct Dev {
     /// CQs whose armed notification fired and that [`Rnic::take_cq_events`] has not taken yet:
     /// each at most once (its `Cq::event_pending`), so at most one per CQ.
     pub cq_events: Vec<CqId>,
+    /// The shared receive queues (here, not in the Rnic, because the responders take their
+    /// receive WQEs from them with a QP borrowed).
+    pub srqs: SrqTable,
 }
 
 impl Dev {
@@ -262,8 +266,9 @@ const DEVICE_ATTR: DeviceAttr = DeviceAttr {
     max_pd: 1 << 16,
     max_qp_rd_atom: 128,
     max_qp_init_rd_atom: 128,
-    max_srq: 0,
-    max_srq_wr: 0,
+    max_srq: 1 << 16,
+    max_srq_wr: 1 << 14,
+    max_srq_sge: 32,
     atomic_cap_hca: true,
     max_pkeys: 1,
 };
@@ -287,6 +292,7 @@ impl Rnic {
                 failed_cqs: Vec::new(),
                 cq_events: Vec::new(),
                 async_events: VecDeque::new(),
+                srqs: SrqTable::default(),
             },
             qps: Vec::new(),
             qpn_map,

@@ -22,6 +22,7 @@
 //! responder/    requests in: RC, UC, UD execution; ACK/NAK and read/atomic responses out
 //! completer.rs  responses in: ACK, NAK, read responses, retransmit and RNR timers
 //! cq.rs         completion queues, their notification (req_notify_cq) and asynchronous events
+//! srq.rs        shared receive queues: the verbs, and the receive WQE fetch RQ or SRQ
 //! qp.rs         a QP's state: attributes, queues, cursors
 //! qpn.rs        the QPN map: a keyed permutation from (generation, slot) to QPN
 //! mr.rs         the memory table: PDs, MRs, key and bounds checks, gather and scatter
@@ -46,6 +47,7 @@ mod receive;
 mod requester;
 mod responder;
 mod schedule;
+mod srq;
 pub mod state;
 pub mod verbs;
 

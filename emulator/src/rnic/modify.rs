@@ -204,24 +204,23 @@ fn enter_state(dev: &mut Dev, qp: &mut Qp, new: QpState) {
                     qp_type: qp.qp_type,
                     send_cq: qp.send_cq,
                     recv_cq: qp.recv_cq,
-                    srq: None,
+                    srq: qp.srq,
                     cap: qp.cap,
                     sq_sig_all: qp.sq_sig_all,
                 },
             );
             *qp = fresh;
         }
-        QpState::Err => {
-            qp.state = QpState::Err;
-            flush(dev, qp);
-        }
+        QpState::Err => flush(dev, qp),
         s => qp.state = s,
     }
 }
 
 /// Entering ERR: every outstanding send and receive WQE completes with WR_FLUSH_ERR (IBTA
-/// 10.3.1.5, 11.4.2.2), signaled or not.
+/// 10.3.1.5, 11.4.2.2), signaled or not. The WQEs of a QP's SRQ are the SRQ's, not flushed:
+/// only the one the QP was filling; a QP with an SRQ raises `QpLastWqeReached` as it enters ERR.
 pub(crate) fn flush(dev: &mut Dev, qp: &mut Qp) {
+    let entering = qp.state != QpState::Err;
     qp.state = QpState::Err;
     while let Some(w) = qp.sq.pop_front() {
         let status = w.error.unwrap_or(WcStatus::WrFlushErr);
@@ -241,4 +240,7 @@ pub(crate) fn flush(dev: &mut Dev, qp: &mut Qp) {
     qp.ack_deadline = None;
     qp.rnr_deadline = None;
     qp.resources.clear();
+    if entering && qp.srq.is_some() {
+        dev.raise(AsyncEvent::QpLastWqeReached(qp.qpn));
+    }
 }

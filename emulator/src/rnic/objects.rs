@@ -173,7 +173,14 @@ impl Rnic {
             self.qps.resize_with(self.slots.len(), || None);
         }
         debug_assert!(self.qps[slot].is_none());
-        self.qps[slot] = Some(Qp::new(qpn, pd, init));
+        let mut init = *init;
+        if let Some(srq) = init.srq {
+            // A QP with an SRQ has no receive queue of its own (post_recv is refused).
+            init.cap.max_recv_wr = 0;
+            init.cap.max_recv_sge = 0;
+            self.srq_attach(srq, true);
+        }
+        self.qps[slot] = Some(Qp::new(qpn, pd, &init));
         self.live_qps += 1;
         if fixed == Some(Qpn::GSI) {
             self.gsi = Some(slot);
@@ -224,10 +231,13 @@ impl Rnic {
                 return Err(VerbsError::NotFound("completion queue"));
             }
         }
-        if init.srq.is_some() {
-            return invalid("shared receive queues are not supported (max_srq = 0)");
+        let mut c = init.cap;
+        if let Some(srq) = init.srq {
+            // Receives come from the SRQ: the QP's own receive capacities are ignored.
+            self.check_qp_srq(pd, srq)?;
+            c.max_recv_wr = 0;
+            c.max_recv_sge = 0;
         }
-        let c = init.cap;
         if c.max_send_wr > self.attr.max_qp_wr || c.max_recv_wr > self.attr.max_qp_wr {
             return invalid(format!(
                 "queue depth above max_qp_wr {}",
@@ -281,6 +291,9 @@ impl Rnic {
         let s = self.slot(qpn)?;
         if let Some(qp) = self.qps[s].take() {
             self.forget_timers_of(&qp);
+            if let Some(srq) = qp.srq {
+                self.srq_attach(srq, false);
+            }
         }
         if self.gsi == Some(s) {
             self.gsi = None;

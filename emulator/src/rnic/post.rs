@@ -109,6 +109,9 @@ impl Rnic {
         let Some(qp) = self.qps[slot].as_mut() else {
             return Err(VerbsError::NotFound("queue pair"));
         };
+        if qp.srq.is_some() {
+            return invalid("post_recv on a QP with an SRQ (post to the SRQ: post_srq_recv)");
+        }
         if qp.state == QpState::Reset {
             return invalid("post_recv in RESET");
         }

@@ -317,6 +317,8 @@ pub(crate) struct Qp {
     pub rnr_psn: Psn,
 
     // responder
+    /// The SRQ its receives come from (then `rq` stays empty).
+    pub srq: Option<SrqId>,
     pub rq: VecDeque<RecvWqe>,
     pub epsn: Psn,
     pub msn: Msn,
@@ -361,6 +363,7 @@ impl Qp {
             rnr_pushed: None,
             cwnd: crate::rnic::requester::MAX_INFLIGHT_PSNS,
             rnr_psn: Psn::new(0),
+            srq: init.srq,
             rq: VecDeque::new(),
             epsn: Psn::new(0),
             msn: Msn::new(0),

@@ -312,9 +312,35 @@ pub struct PdId(pub u32);
 /// A completion queue handle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct CqId(pub u32);
-/// A shared receive queue handle.
+/// A shared receive queue handle: opaque (slot and generation: a destroyed SRQ's handle
+/// reaches nothing, even when its slot serves a new SRQ).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct SrqId(pub u32);
+pub struct SrqId(pub(crate) u32);
+
+impl SrqId {
+    /// A number unique among the device's live SRQs (for `ibv_srq.handle`).
+    pub const fn handle(self) -> u32 {
+        self.0
+    }
+}
+
+/// `ibv_srq_init_attr.attr`: the size of a new SRQ. `srq_limit` is ignored at creation
+/// (`ibv_create_srq(3)`: "irrelevant for ibv_create_srq"); `Rnic::modify_srq` arms it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SrqInitAttr {
+    pub max_wr: u32,
+    pub max_sge: u32,
+    pub srq_limit: u32,
+}
+
+/// `ibv_srq_attr` as `ibv_query_srq` returns it: `srq_limit` 0 means the limit event is not
+/// (or no longer) armed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SrqAttr {
+    pub max_wr: u32,
+    pub max_sge: u32,
+    pub srq_limit: u32,
+}
 
 /// `ibv_qp_init_attr`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -656,6 +682,7 @@ pub struct DeviceAttr {
     pub max_qp_init_rd_atom: u32,
     pub max_srq: u32,
     pub max_srq_wr: u32,
+    pub max_srq_sge: u32,
     /// `IBV_ATOMIC_HCA`: atomics are atomic with respect to this device.
     pub atomic_cap_hca: bool,
     pub max_pkeys: u16,
@@ -669,6 +696,12 @@ pub enum AsyncEvent {
     /// `IBV_EVENT_QP_FATAL`: the QP went to ERR for a reason it cannot report in a completion
     /// (here: its CQ is in error).
     QpFatal(Qpn),
+    /// `IBV_EVENT_SRQ_LIMIT_REACHED`: the SRQ holds fewer WQEs than its armed `srq_limit`;
+    /// the limit is disarmed (0) until `modify_srq` sets it again.
+    SrqLimitReached(SrqId),
+    /// `IBV_EVENT_QP_LAST_WQE_REACHED`: a QP attached to an SRQ entered ERR; it takes no
+    /// more WQEs from the SRQ (the one it was filling was flushed to its CQ).
+    QpLastWqeReached(Qpn),
 }
 
 /// Why a verb was refused (the errno a real provider would return, in words).

@@ -103,7 +103,7 @@ pub(super) fn rc_receive(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
 
 /// Takes the receive WQE a new message needs, or RNR-NAKs (IBTA 9.7.5.2.8) and returns None.
 fn take_recv(dev: &mut Dev, qp: &mut Qp, psn: Psn) -> Option<RecvWqe> {
-    match qp.rq.pop_front() {
+    match dev.next_recv(qp) {
         Some(w) => Some(w),
         None => {
             // No receive posted: RNR NAK with our min_rnr_timer; drop what follows until the
@@ -229,7 +229,7 @@ fn rc_write(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) -> bool {
             }
             Err(()) => {
                 if let Some(w) = recv {
-                    qp.rq.push_front(w);
+                    dev.unget_recv(qp, w);
                 }
                 fatal(dev, qp, psn, NakCode::RemoteAccessError, None);
                 return false;

@@ -25,7 +25,7 @@ pub(super) fn uc_receive(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
     if psn != qp.epsn {
         // IBTA 9.8.3.1: a PSN gap loses the message in progress; the receive WQE is reused.
         dev.counters.seq_errors += 1;
-        abandon_uc(qp);
+        abandon_uc(dev, qp);
         qp.resp_msg = RespMsg::Drop;
     }
     qp.epsn = psn.next();
@@ -40,7 +40,7 @@ pub(super) fn uc_receive(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
     let mtu = qp.mtu();
     let plen = pkt.payload.len() as u64;
     if !seq_ok || !length_ok(info, plen, mtu) {
-        abandon_uc(qp);
+        abandon_uc(dev, qp);
         qp.resp_msg = if info.position.is_last() {
             RespMsg::Idle
         } else {
@@ -52,7 +52,7 @@ pub(super) fn uc_receive(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
         Operation::Send => {
             let (wqe, offset) = match std::mem::replace(&mut qp.resp_msg, RespMsg::Idle) {
                 RespMsg::Send { wqe, offset } => (wqe, offset),
-                _ => match qp.rq.pop_front() {
+                _ => match dev.next_recv(qp) {
                     Some(w) => (w, 0),
                     None => {
                         // No receive: the message is dropped silently (UC has no RNR).
@@ -127,7 +127,7 @@ pub(super) fn uc_receive(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
             };
             let mut recv = None;
             if info.has_immediate() {
-                match qp.rq.pop_front() {
+                match dev.next_recv(qp) {
                     Some(w) => recv = Some(w),
                     None => {
                         dev.counters.rx_dropped += 1;
@@ -147,9 +147,10 @@ pub(super) fn uc_receive(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
     }
 }
 
-/// A UC message in progress is lost: its receive WQE goes back to the head of the queue.
-fn abandon_uc(qp: &mut Qp) {
+/// A UC message in progress is lost: its receive WQE goes back to the head of its queue (RQ
+/// or SRQ).
+fn abandon_uc(dev: &mut Dev, qp: &mut Qp) {
     if let RespMsg::Send { wqe, .. } = std::mem::replace(&mut qp.resp_msg, RespMsg::Idle) {
-        qp.rq.push_front(wqe);
+        dev.unget_recv(qp, wqe);
     }
 }

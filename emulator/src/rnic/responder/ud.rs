@@ -23,7 +23,7 @@ pub(super) fn ud_receive(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
         dev.counters.rx_dropped += 1;
         return;
     }
-    let Some(wqe) = qp.rq.pop_front() else {
+    let Some(wqe) = dev.next_recv(qp) else {
         dev.counters.rx_dropped += 1;
         return;
     };

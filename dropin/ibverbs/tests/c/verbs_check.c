@@ -1,0 +1,222 @@
+/* What Debian's tools never do, against the system's verbs.h on RoCEmu's libibverbs:
+ * impossible arguments (each must return the errno rdma-core's providers return, never crash),
+ * then several threads posting RDMA WRITEs (two SGEs each) and polling at once, into the regions
+ * of a second RNIC (a forked child with PEER_IP / PEER_MAC), which checks the bytes; and an
+ * R_Key that was never valid. Prints "ok" and exits 0 when everything held. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <sys/wait.h>
+#include <infiniband/verbs.h>
+
+static int failures;
+#define CHECK(cond, ...) do { if (!(cond)) { fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); fprintf(stderr, __VA_ARGS__); fprintf(stderr, "\n"); failures++; } } while (0)
+
+static struct ibv_context *ctx;
+static struct ibv_pd *pd;
+
+static struct ibv_qp *rc_qp(struct ibv_cq *cq) {
+	struct ibv_qp_init_attr a = { .send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
+		.cap = { .max_send_wr = 64, .max_recv_wr = 8, .max_send_sge = 2, .max_recv_sge = 2 } };
+	return ibv_create_qp(pd, &a);
+}
+
+static int connect_qp(struct ibv_qp *qp, uint32_t dest, union ibv_gid *gid) {
+	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = 1,
+		.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE };
+	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
+		return 1;
+	memset(&a, 0, sizeof a);
+	a.qp_state = IBV_QPS_RTR; a.path_mtu = IBV_MTU_1024; a.dest_qp_num = dest; a.rq_psn = 0;
+	a.max_dest_rd_atomic = 1; a.min_rnr_timer = 12;
+	a.ah_attr.is_global = 1; a.ah_attr.grh.dgid = *gid; a.ah_attr.grh.sgid_index = 1;
+	a.ah_attr.grh.hop_limit = 64; a.ah_attr.port_num = 1;
+	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+			  IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
+		return 2;
+	memset(&a, 0, sizeof a);
+	a.qp_state = IBV_QPS_RTS; a.timeout = 14; a.retry_cnt = 7; a.rnr_retry = 7; a.sq_psn = 0;
+	a.max_rd_atomic = 1;
+	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+			  IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
+		return 3;
+	return 0;
+}
+
+#define THREADS 4
+#define WRITES 500
+#define LEN 4096
+
+/* What each process tells the other. */
+struct info { uint32_t qpn[THREADS]; uint32_t rkey[THREADS]; uint64_t addr[THREADS]; union ibv_gid gid; };
+
+static struct info peer;
+static struct ibv_cq *cqs[THREADS];
+static struct ibv_qp *qps[THREADS];
+static struct ibv_mr *mrs[THREADS];
+static char *bufs[THREADS];
+
+static int pattern(int id, int i) { return (id * 31 + i) & 0xff; }
+
+/* Creates this process's QPs and regions and says them in `me`. */
+static int setup(struct info *me, int access) {
+	if (ibv_query_gid(ctx, 1, 1, &me->gid)) return 1;
+	for (int t = 0; t < THREADS; t++) {
+		cqs[t] = ibv_create_cq(ctx, 128, NULL, NULL, 0);
+		qps[t] = cqs[t] ? rc_qp(cqs[t]) : NULL;
+		bufs[t] = calloc(1, LEN);
+		mrs[t] = ibv_reg_mr(pd, bufs[t], LEN, access);
+		if (!qps[t] || !mrs[t]) return 2;
+		me->qpn[t] = qps[t]->qp_num; me->rkey[t] = mrs[t]->rkey; me->addr[t] = (uintptr_t)bufs[t];
+	}
+	return 0;
+}
+
+static int connect_all(void) {
+	for (int t = 0; t < THREADS; t++)
+		if (connect_qp(qps[t], peer.qpn[t], &peer.gid)) return 1;
+	return 0;
+}
+
+struct job { int id; int ok; };
+
+static void *worker(void *p) {
+	struct job *j = p;
+	int t = j->id;
+	char *src = bufs[t];
+	for (int i = 0; i < WRITES; i++) {
+		memset(src, pattern(t, i), LEN);
+		/* Two SGEs: the halves of the buffer. */
+		struct ibv_sge sge[2] = { { (uintptr_t)src, LEN / 2, mrs[t]->lkey },
+					  { (uintptr_t)src + LEN / 2, LEN / 2, mrs[t]->lkey } };
+		struct ibv_send_wr wr = { .wr_id = i, .sg_list = sge, .num_sge = 2,
+			.opcode = IBV_WR_RDMA_WRITE, .send_flags = IBV_SEND_SIGNALED }, *bad;
+		wr.wr.rdma.remote_addr = peer.addr[t]; wr.wr.rdma.rkey = peer.rkey[t];
+		if (ibv_post_send(qps[t], &wr, &bad)) { fprintf(stderr, "thread %d: post %d failed\n", t, i); return NULL; }
+		struct ibv_wc wc; int n;
+		do { n = ibv_poll_cq(cqs[t], 1, &wc); } while (n == 0);
+		if (n < 0 || wc.status != IBV_WC_SUCCESS || wc.wr_id != (uint64_t)i || wc.opcode != IBV_WC_RDMA_WRITE) {
+			fprintf(stderr, "thread %d: completion %d: n %d status %s\n", t, i, n, ibv_wc_status_str(wc.status));
+			return NULL;
+		}
+	}
+	j->ok = 1;
+	return NULL;
+}
+
+/* The responder: its regions take the writes; it checks them when told the writes are done. */
+static int child(int in, int out) {
+	struct info me;
+	if (setup(&me, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE)) return 10;
+	if (write(out, &me, sizeof me) != sizeof me || read(in, &peer, sizeof peer) != sizeof peer) return 11;
+	if (connect_all()) return 12;
+	char c = 'r';
+	if (write(out, &c, 1) != 1 || read(in, &c, 1) != 1) return 13;
+	for (int t = 0; t < THREADS; t++)
+		for (int k = 0; k < LEN; k++)
+			if ((unsigned char)bufs[t][k] != pattern(t, WRITES - 1)) {
+				fprintf(stderr, "child: region %d byte %d is %d\n", t, k, bufs[t][k]);
+				return 14;
+			}
+	return 0;
+}
+
+static int open_dev(void) {
+	int n;
+	struct ibv_device **l = ibv_get_device_list(&n);
+	if (!l || n != 1) { fprintf(stderr, "no device\n"); return 2; }
+	ctx = ibv_open_device(l[0]);
+	ibv_free_device_list(l);
+	if (!ctx) { fprintf(stderr, "open failed\n"); return 2; }
+	pd = ibv_alloc_pd(ctx);
+	return pd ? 0 : 2;
+}
+
+int main(void) {
+	int p2c[2], c2p[2];
+	if (pipe(p2c) || pipe(c2p)) return 2;
+	pid_t pid = fork();
+	if (pid == 0) {
+		/* The child is the other RNIC: its own address and MAC, set before the library reads
+		 * its configuration (at the first ibv_get_device_list). */
+		setenv("ROCEMU_IP", getenv("PEER_IP"), 1);
+		setenv("ROCEMU_MAC", getenv("PEER_MAC"), 1);
+		if (open_dev()) _exit(2);
+		_exit(child(p2c[0], c2p[1]));
+	}
+	if (open_dev()) return 2;
+
+	/* Impossible arguments. */
+	struct ibv_port_attr pa;
+	CHECK(ibv_query_port(ctx, 2, &pa) == EINVAL, "query_port(2)");
+	CHECK(ibv_query_port(ctx, 1, &pa) == 0 && pa.state == IBV_PORT_ACTIVE && pa.link_layer == IBV_LINK_LAYER_ETHERNET, "query_port(1)");
+	union ibv_gid g;
+	errno = 0;
+	CHECK(ibv_query_gid(ctx, 1, 7, &g) == -1 && errno == EINVAL, "query_gid(7): errno %d", errno);
+	struct ibv_gid_entry ge;
+	CHECK(ibv_query_gid_ex(ctx, 1, 1, &ge, 0) == 0 && ge.gid_type == IBV_GID_TYPE_ROCE_V2, "query_gid_ex");
+	errno = 0;
+	CHECK(ibv_create_cq(ctx, 0, NULL, NULL, 0) == NULL && errno == EINVAL, "create_cq(0): errno %d", errno);
+	errno = 0;
+	CHECK(ibv_create_cq(ctx, 1 << 30, NULL, NULL, 0) == NULL && errno == EINVAL, "create_cq(huge): errno %d", errno);
+	errno = 0;
+	CHECK(ibv_reg_mr(pd, NULL, 0, IBV_ACCESS_LOCAL_WRITE) == NULL && errno == EINVAL, "reg_mr(NULL, 0): errno %d", errno);
+	char buf[256];
+	errno = 0;
+	CHECK(ibv_reg_mr(pd, buf, sizeof buf, IBV_ACCESS_REMOTE_WRITE) == NULL && errno == EINVAL, "reg_mr(remote write without local write): errno %d", errno);
+	struct ibv_mr *mr = ibv_reg_mr(pd, buf, sizeof buf, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_RELAXED_ORDERING);
+	CHECK(mr != NULL, "reg_mr with relaxed ordering: errno %d", errno);
+	struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+	struct ibv_qp_init_attr qa = { .send_cq = cq, .recv_cq = cq, .qp_type = 77, .cap = { 4, 4, 1, 1, 0 } };
+	errno = 0;
+	CHECK(ibv_create_qp(pd, &qa) == NULL && errno != 0, "create_qp(type 77)");
+	qa.qp_type = IBV_QPT_RC;
+	struct ibv_qp *qp = ibv_create_qp(pd, &qa);
+	CHECK(qp != NULL, "create_qp: errno %d", errno);
+	struct ibv_qp_attr at = { .qp_state = 42 };
+	CHECK(ibv_modify_qp(qp, &at, IBV_QP_STATE) == EINVAL, "modify_qp(state 42)");
+	at.qp_state = IBV_QPS_RTS;
+	CHECK(ibv_modify_qp(qp, &at, IBV_QP_STATE) == EINVAL, "modify_qp(RESET->RTS)");
+	struct ibv_sge sge = { (uintptr_t)buf, 16, mr->lkey };
+	struct ibv_send_wr wr = { .sg_list = &sge, .num_sge = -1, .opcode = IBV_WR_SEND }, *bad = NULL;
+	CHECK(ibv_post_send(qp, &wr, &bad) == EINVAL && bad == &wr, "post_send(num_sge -1)");
+	wr.num_sge = 1; wr.opcode = 99;
+	CHECK(ibv_post_send(qp, &wr, &bad) == EINVAL, "post_send(opcode 99)");
+	struct ibv_wc wc;
+	CHECK(ibv_poll_cq(cq, -1, &wc) < 0, "poll_cq(-1)");
+	CHECK(ibv_poll_cq(cq, 1, &wc) == 0, "poll_cq on an empty CQ");
+	CHECK(strcmp(ibv_wc_status_str(IBV_WC_REM_ACCESS_ERR), "remote access error") == 0, "wc_status_str");
+	CHECK(ibv_fork_init() == 0, "fork_init");
+	CHECK(ibv_destroy_qp(qp) == 0 && ibv_dereg_mr(mr) == 0, "destroy");
+
+	/* Several threads at once, writing into the child's regions. */
+	struct info me;
+	CHECK(setup(&me, IBV_ACCESS_LOCAL_WRITE) == 0, "setup");
+	CHECK(read(c2p[0], &peer, sizeof peer) == sizeof peer && write(p2c[1], &me, sizeof me) == sizeof me, "exchange");
+	CHECK(connect_all() == 0, "connect: errno %d", errno);
+	char c;
+	CHECK(read(c2p[0], &c, 1) == 1, "child ready");
+	pthread_t th[THREADS];
+	struct job jobs[THREADS];
+	for (int i = 0; i < THREADS; i++) { jobs[i] = (struct job){ i, 0 }; pthread_create(&th[i], NULL, worker, &jobs[i]); }
+	for (int i = 0; i < THREADS; i++) { pthread_join(th[i], NULL); CHECK(jobs[i].ok, "thread %d", i); }
+	/* An R_Key that was never valid: REM_ACCESS_ERR at the requester. */
+	struct ibv_sge s1 = { (uintptr_t)bufs[0], 64, mrs[0]->lkey };
+	struct ibv_send_wr w1 = { .wr_id = 9999, .sg_list = &s1, .num_sge = 1,
+		.opcode = IBV_WR_RDMA_WRITE, .send_flags = IBV_SEND_SIGNALED }, *b1;
+	w1.wr.rdma.remote_addr = peer.addr[0]; w1.wr.rdma.rkey = peer.rkey[0] ^ 0x5a5a5a5a;
+	CHECK(ibv_post_send(qps[0], &w1, &b1) == 0, "post with a bad rkey");
+	int k;
+	do { k = ibv_poll_cq(cqs[0], 1, &wc); } while (k == 0);
+	CHECK(k == 1 && wc.status == IBV_WC_REM_ACCESS_ERR && wc.wr_id == 9999, "bad rkey: %s", ibv_wc_status_str(wc.status));
+	c = 'd';
+	CHECK(write(p2c[1], &c, 1) == 1, "done");
+	int st;
+	CHECK(waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0, "child: status %d", st);
+	if (failures) return 1;
+	printf("ok\n");
+	return 0;
+}

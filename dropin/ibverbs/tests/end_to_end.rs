@@ -1,0 +1,180 @@
+//! Debian's unmodified ibverbs-utils and perftest, both ends on the built library, over
+//! AF_PACKET on the loopback interface (two RoCEmu RNICs, 127.77.14.1 and .2 with MACs of
+//! their own, in two processes): every transport, the completion-event path, SRQs, the new
+//! post API (perftest's default) and the old one.
+//!
+//! Needs root (AF_PACKET). Each pair of runs uses a TCP port of its own so that the tests
+//! run in parallel.
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+fn libdir() -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let exe = std::env::current_exe().unwrap();
+        let lib = exe.parent().unwrap().join("libibverbs.so");
+        assert!(lib.exists(), "{} was not built", lib.display());
+        let dir = std::env::temp_dir().join(format!("rocemu-ibverbs-e2e-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let link = dir.join("libibverbs.so.1");
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&lib, &link).unwrap();
+        dir
+    })
+    .clone()
+}
+
+fn end(prog: &str, args: &[&str], n: u8) -> Command {
+    let mut c = Command::new("timeout");
+    c.arg("60")
+        .arg(prog)
+        .args(args)
+        .env("LD_LIBRARY_PATH", libdir())
+        .env("LD_BIND_NOW", "1")
+        .env("ROCEMU_DEV", "af_packet:lo")
+        .env("ROCEMU_IP", format!("127.77.14.{n}"))
+        .env("ROCEMU_MAC", format!("02:52:4f:00:0e:{n:02x}"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c
+}
+
+/// Runs `prog args` as server (RNIC .1) and as client of it (RNIC .2); returns both outputs.
+fn pair(prog: &str, args: &[&str], port: u16) -> (String, String) {
+    assert!(
+        // SAFETY: geteuid has no preconditions.
+        unsafe { libc::geteuid() } == 0,
+        "needs root (AF_PACKET on lo)"
+    );
+    let port = port.to_string();
+    let mut a: Vec<&str> = args.to_vec();
+    a.extend(["-p", &port]);
+    let server = end(prog, &a, 1).spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(700));
+    let mut c = a.clone();
+    c.push("127.0.0.1");
+    let client = end(prog, &c, 2).output().unwrap();
+    let server = server.wait_with_output().unwrap();
+    let s = format!(
+        "{}{}",
+        String::from_utf8_lossy(&server.stdout),
+        String::from_utf8_lossy(&server.stderr)
+    );
+    let k = format!(
+        "{}{}",
+        String::from_utf8_lossy(&client.stdout),
+        String::from_utf8_lossy(&client.stderr)
+    );
+    assert!(
+        server.status.success() && client.status.success(),
+        "{prog} {args:?}\n--- server ({}):\n{s}\n--- client ({}):\n{k}",
+        server.status,
+        client.status
+    );
+    (s, k)
+}
+
+fn pingpong(prog: &str, extra: &[&str], port: u16) {
+    let mut a = vec!["-g", "1", "-n", "200"];
+    a.extend(extra);
+    let (s, k) = pair(prog, &a, port);
+    for o in [&s, &k] {
+        assert!(o.contains("200 iters in"), "{prog} {extra:?}: {o}");
+        assert!(o.contains("GID ::ffff:127.77.14."), "{o}");
+    }
+}
+
+/// The result line of a perftest run: the message size leads it.
+fn perftest(prog: &str, extra: &[&str], size: &str, port: u16) {
+    let mut a = vec!["-x", "1", "-n", "200"];
+    a.extend(extra);
+    let (_s, k) = pair(prog, &a, port);
+    let line = k
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(size))
+        .unwrap_or_else(|| panic!("{prog} {extra:?}: no result line:\n{k}"));
+    let f: Vec<f64> = line
+        .split_whitespace()
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    assert!(f.len() >= 4 && f[2] > 0.0, "{prog}: {line}");
+}
+
+#[test]
+fn rc_pingpong_polling_and_events() {
+    pingpong("ibv_rc_pingpong", &[], 18601);
+    pingpong("ibv_rc_pingpong", &["-e"], 18602);
+}
+
+#[test]
+fn uc_and_ud_pingpong() {
+    pingpong("ibv_uc_pingpong", &[], 18603);
+    // UD: the server answers through ibv_create_ah_from_wc.
+    pingpong("ibv_ud_pingpong", &[], 18604);
+}
+
+#[test]
+fn srq_pingpong() {
+    pingpong("ibv_srq_pingpong", &["-e"], 18605);
+}
+
+#[test]
+fn perftest_bandwidth_new_and_old_post_api() {
+    perftest("ib_write_bw", &["-q", "2"], "65536", 18611);
+    perftest("ib_write_bw", &["--use_old_post_send"], "65536", 18612);
+    perftest("ib_read_bw", &["-e"], "65536", 18613);
+    perftest("ib_send_bw", &["-q", "2", "--use-srq"], "65536", 18614);
+    perftest("ib_atomic_bw", &[], "8", 18615);
+}
+
+#[test]
+fn perftest_latency() {
+    perftest("ib_send_lat", &["-e"], "2", 18621);
+    perftest("ib_read_lat", &[], "2", 18622);
+    perftest("ib_atomic_lat", &[], "8", 18623);
+}
+
+/// tests/c/verbs_check.c, compiled against the system's verbs.h and linked against the
+/// system's libibverbs (then run on ours): impossible arguments answer rdma-core's errno; four
+/// threads post RDMA WRITEs with two SGEs each and poll at once, into a second process's
+/// regions, which checks every byte; an R_Key never valid completes with REM_ACCESS_ERR.
+#[test]
+fn verbs_program_of_our_own_errno_threads_bad_rkey() {
+    assert!(
+        // SAFETY: geteuid has no preconditions.
+        unsafe { libc::geteuid() } == 0,
+        "needs root (AF_PACKET on lo)"
+    );
+    let exe = libdir().join("verbs_check");
+    let st = Command::new("cc")
+        .args(["-Wall", "-o"])
+        .arg(&exe)
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/c/verbs_check.c"
+        ))
+        .args(["-libverbs", "-lpthread"])
+        .status()
+        .expect("cc");
+    assert!(st.success(), "verbs_check.c did not compile");
+    let o = Command::new("timeout")
+        .arg("60")
+        .arg(&exe)
+        .env("LD_LIBRARY_PATH", libdir())
+        .env("ROCEMU_DEV", "af_packet:lo")
+        .env("ROCEMU_IP", "127.77.14.9")
+        .env("ROCEMU_MAC", "02:52:4f:00:0e:09")
+        .env("PEER_IP", "127.77.14.10")
+        .env("PEER_MAC", "02:52:4f:00:0e:0a")
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success() && out.trim() == "ok",
+        "{}{}",
+        out,
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
