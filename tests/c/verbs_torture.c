@@ -400,6 +400,7 @@ struct thr {
 	struct end *e;
 	int i;
 	struct ibv_mr *mr; /* the client's MAP_SHARED region */
+	uint64_t max_fetch; /* every FETCH_ADD of the run must return less than this */
 	char err[256];
 };
 
@@ -456,7 +457,7 @@ static void *thread_main(void *p)
 				 t->i, k, (unsigned long long)off);
 			return t;
 		}
-		if (*fetched >= (uint64_t)NTHR * ITERS) {
+		if (*fetched >= t->max_fetch) {
 			snprintf(t->err, sizeof t->err, "thread %d: FETCH_ADD returned %llu", t->i,
 				 (unsigned long long)*fetched);
 			return t;
@@ -620,7 +621,7 @@ static void client(struct end *e, int fd)
 	pthread_t th[NTHR];
 	struct thr t[NTHR];
 	for (int i = 0; i < NTHR; i++) {
-		t[i] = (struct thr){ .e = e, .i = i, .mr = mmr };
+		t[i] = (struct thr){ .e = e, .i = i, .mr = mmr, .max_fetch = (uint64_t)NTHR * ITERS };
 		CHECK(pthread_create(&th[i], NULL, thread_main, &t[i]) == 0, "pthread_create");
 	}
 	for (int i = 0; i < NTHR; i++) {
@@ -731,7 +732,7 @@ static void client(struct end *e, int fd)
 	ok("C2: WRITE with the invalidated R_Key %#x -> IBV_WC_REM_ACCESS_ERR", e->peer.inv_rkey);
 
 	/* C3: both RNICs still serve. */
-	t[0] = (struct thr){ .e = e, .i = 0, .mr = mmr };
+	t[0] = (struct thr){ .e = e, .i = 0, .mr = mmr, .max_fetch = (uint64_t)(NTHR + 1) * ITERS };
 	CHECK(!thread_main(&t[0]), "C3: after the errors: %s", t[0].err);
 	ok("C3: after the errors, WRITE + READ + FETCH_ADD on another QP still work");
 	sync_peer(fd, 'C');
