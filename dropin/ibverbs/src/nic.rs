@@ -2,7 +2,7 @@
 //! `ibv_get_device_list` lists, and the one RNIC per process, started at the first
 //! `ibv_open_device` and shared by every context opened on it.
 //!
-//! Configuration: `ROCEMU_DEV` (`af_packet:IFACE`, or `dpdk:'EAL ARGS'`: not in this build),
+//! Configuration: `ROCEMU_DEV` (`af_packet:IFACE`, or `dpdk:'EAL ARGS'` with the feature `dpdk`),
 //! `ROCEMU_IP` (the address: GID index 1), `ROCEMU_MAC` (default: the interface's),
 //! `ROCEMU_NAME` (default `rocemu0`), and `ROCEMU_IDLE=busy` for an engine thread that spins
 //! rather than backs off when idle. `rocemu exec` sets them. Without `ROCEMU_DEV` the list is
