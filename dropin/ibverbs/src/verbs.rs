@@ -954,15 +954,19 @@ pub extern "C" fn ibv_get_cq_event(
         }
         // SAFETY: a channel of ours.
         let ch = unsafe { &*(ch as *const Channel) };
-        let mut v = 0u64;
-        // SAFETY: reads 8 bytes into a local; blocks unless the program made the fd nonblocking.
-        let r = unsafe { libc::read(ch.ibv.fd, (&mut v as *mut u64).cast(), 8) };
-        if r != 8 {
-            return -1;
-        }
-        let Some(p) = ch.q.lock().unwrap_or_else(|p| p.into_inner()).pop_front() else {
-            set_errno(libc::EAGAIN);
-            return -1;
+        // One count per queued event; a destroyed CQ takes its events off the queue but not
+        // their counts, so a count may find the queue empty: read the next one.
+        let p = loop {
+            let mut v = 0u64;
+            // SAFETY: reads 8 bytes into a local; blocks unless the program made the fd
+            // nonblocking (then EAGAIN, as rdma-core's).
+            let r = unsafe { libc::read(ch.ibv.fd, (&mut v as *mut u64).cast(), 8) };
+            if r != 8 {
+                return -1;
+            }
+            if let Some(p) = ch.q.lock().unwrap_or_else(|p| p.into_inner()).pop_front() {
+                break p;
+            }
         };
         // SAFETY: the out-parameters are the caller's, non-NULL; p is a live CQ of ours (a
         // destroyed CQ's events are removed from the queue).

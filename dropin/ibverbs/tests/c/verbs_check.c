@@ -2,7 +2,8 @@
  * impossible arguments (each must return the errno rdma-core's providers return, never crash),
  * then several threads posting RDMA WRITEs (two SGEs each) and polling at once, into the regions
  * of a second RNIC (a forked child with PEER_IP / PEER_MAC), which checks the bytes; and an
- * R_Key that was never valid. Prints "ok" and exits 0 when everything held. */
+ * R_Key that was never valid. One of the threads waits for its completions on a completion
+ * channel's fd with poll(2). Prints "ok" and exits 0 when everything held. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -10,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 #include <sys/wait.h>
+#include <poll.h>
 #include <infiniband/verbs.h>
 
 static int failures;
@@ -55,6 +57,9 @@ struct info { uint32_t qpn[THREADS]; uint32_t rkey[THREADS]; uint64_t addr[THREA
 
 static struct info peer;
 static struct ibv_cq *cqs[THREADS];
+/* Thread 0 of the requester waits on a completion channel (poll(2) on its fd, then
+ * ibv_get_cq_event) instead of spinning. */
+static struct ibv_comp_channel *chan;
 static struct ibv_qp *qps[THREADS];
 static struct ibv_mr *mrs[THREADS];
 static char *bufs[THREADS];
@@ -65,7 +70,7 @@ static int pattern(int id, int i) { return (id * 31 + i) & 0xff; }
 static int setup(struct info *me, int access) {
 	if (ibv_query_gid(ctx, 1, 1, &me->gid)) return 1;
 	for (int t = 0; t < THREADS; t++) {
-		cqs[t] = ibv_create_cq(ctx, 128, NULL, NULL, 0);
+		cqs[t] = ibv_create_cq(ctx, 128, &cqs[t], t == 0 ? chan : NULL, 0);
 		qps[t] = cqs[t] ? rc_qp(cqs[t]) : NULL;
 		bufs[t] = calloc(1, LEN);
 		mrs[t] = ibv_reg_mr(pd, bufs[t], LEN, access);
@@ -95,8 +100,18 @@ static void *worker(void *p) {
 		struct ibv_send_wr wr = { .wr_id = i, .sg_list = sge, .num_sge = 2,
 			.opcode = IBV_WR_RDMA_WRITE, .send_flags = IBV_SEND_SIGNALED }, *bad;
 		wr.wr.rdma.remote_addr = peer.addr[t]; wr.wr.rdma.rkey = peer.rkey[t];
+		if (chan && t == 0 && ibv_req_notify_cq(cqs[t], 0)) { fprintf(stderr, "req_notify failed\n"); return NULL; }
 		if (ibv_post_send(qps[t], &wr, &bad)) { fprintf(stderr, "thread %d: post %d failed\n", t, i); return NULL; }
 		struct ibv_wc wc; int n;
+		if (chan && t == 0) {
+			struct pollfd pfd = { .fd = chan->fd, .events = POLLIN };
+			if (poll(&pfd, 1, 5000) != 1) { fprintf(stderr, "thread 0: no event on the channel fd (%d)\n", i); return NULL; }
+			struct ibv_cq *ecq; void *ectx;
+			if (ibv_get_cq_event(chan, &ecq, &ectx) || ecq != cqs[0] || ectx != &cqs[0]) {
+				fprintf(stderr, "thread 0: get_cq_event\n"); return NULL;
+			}
+			ibv_ack_cq_events(ecq, 1);
+		}
 		do { n = ibv_poll_cq(cqs[t], 1, &wc); } while (n == 0);
 		if (n < 0 || wc.status != IBV_WC_SUCCESS || wc.wr_id != (uint64_t)i || wc.opcode != IBV_WC_RDMA_WRITE) {
 			fprintf(stderr, "thread %d: completion %d: n %d status %s\n", t, i, n, ibv_wc_status_str(wc.status));
@@ -193,6 +208,10 @@ int main(void) {
 	CHECK(ibv_destroy_qp(qp) == 0 && ibv_dereg_mr(mr) == 0, "destroy");
 
 	/* Several threads at once, writing into the child's regions. */
+	struct pollfd apfd = { .fd = ctx->async_fd, .events = POLLIN };
+	CHECK(poll(&apfd, 1, 0) == 0, "async fd: readable with no event");
+	chan = ibv_create_comp_channel(ctx);
+	CHECK(chan != NULL, "create_comp_channel");
 	struct info me;
 	CHECK(setup(&me, IBV_ACCESS_LOCAL_WRITE) == 0, "setup");
 	CHECK(read(c2p[0], &peer, sizeof peer) == sizeof peer && write(p2c[1], &me, sizeof me) == sizeof me, "exchange");
@@ -216,6 +235,8 @@ int main(void) {
 	CHECK(write(p2c[1], &c, 1) == 1, "done");
 	int st;
 	CHECK(waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0, "child: status %d", st);
+	CHECK(cqs[0]->comp_events_completed == WRITES, "acked events: %u", cqs[0]->comp_events_completed);
+	CHECK(ibv_destroy_comp_channel(chan) == EBUSY, "destroying a channel with a CQ on it");
 	if (failures) return 1;
 	printf("ok\n");
 	return 0;
