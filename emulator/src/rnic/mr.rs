@@ -1,4 +1,4 @@
-//! Protection domains and memory regions. A region's bytes are its [`Backing`]: bytes the RNIC
+//! Protection domains and memory regions. A region's bytes are its `Backing`: bytes the RNIC
 //! owns (`reg_mr`: the in-process tools and tests read and write them through the verbs API), or
 //! a program's own memory (`reg_mr_foreign`, a [`ForeignMem`] that only [`crate::dma`] touches,
 //! by raw copies; the core stays safe Rust). Every byte moves through the backing's bounds-checked
