@@ -166,10 +166,13 @@ pub extern "C" fn ibv_get_device_guid(dev: *mut ibv_device) -> u64 {
         }
         let guid = match nic::started() {
             Some(n) => n.node_guid,
-            None => nic::config()
-                .and_then(|c| c.known_mac)
-                .map(nic::guid_of)
-                .unwrap_or(0),
+            None => match nic::config().and_then(|c| c.known_mac) {
+                Some(m) => nic::guid_of(m),
+                // A DPDK port's MAC is known once the port is open (net_memif draws one at
+                // random unless given mac=): open it, as ibv_open_device would. If it will
+                // not open, there is no GUID to give (and the open said why on stderr).
+                None => nic::nic().map(|n| n.node_guid).unwrap_or(0),
+            },
         };
         guid.to_be()
     })
