@@ -1601,14 +1601,7 @@ fn recv_wr(w: &ibv_recv_wr) -> Result<RecvWr, c_int> {
     let s = unsafe { sges(w.sg_list, w.num_sge)? };
     Ok(RecvWr {
         wr_id: w.wr_id,
-        sg_list: s
-            .iter()
-            .map(|e| Sge {
-                addr: e.addr,
-                length: e.length,
-                lkey: e.lkey,
-            })
-            .collect(),
+        sg_list: sg_list(s),
     })
 }
 
