@@ -40,11 +40,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         b.qp,
         RecvWr {
             wr_id: 100,
-            sg_list: vec![Sge {
+            sg_list: [Sge {
                 addr: b.mr.addr,
                 length: 4096,
                 lkey: b.mr.lkey,
-            }],
+            }]
+            .into(),
         },
     )?;
     let sge = Sge {
@@ -71,7 +72,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         b.qp,
         RecvWr {
             wr_id: 101,
-            sg_list: vec![],
+            sg_list: Default::default(),
         },
     )?;
     let w = WrOpcode::RdmaWriteWithImm {

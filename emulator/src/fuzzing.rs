@@ -287,11 +287,12 @@ impl Bench {
             qp,
             RecvWr {
                 wr_id: 1,
-                sg_list: vec![Sge {
+                sg_list: [Sge {
                     addr,
                     length,
                     lkey: self.mr.lkey,
-                }],
+                }]
+                .into(),
             },
         );
     }

@@ -63,7 +63,7 @@ fn a_full_cq_goes_to_error_and_takes_its_qps_with_it() {
             q,
             RecvWr {
                 wr_id: 77,
-                sg_list: vec![],
+                sg_list: Default::default(),
             },
         )
         .unwrap();

@@ -219,7 +219,7 @@ fn rc_receive_whose_region_went_away_completes_loc_prot_err() {
             qp,
             RecvWr {
                 wr_id: 9,
-                sg_list: vec![sge_of(&dst, 0, 4096)],
+                sg_list: [sge_of(&dst, 0, 4096)].into(),
             },
         )
         .unwrap();
@@ -240,7 +240,7 @@ fn receive_into_a_deregistered_region(qp_type: QpType) -> Vec<Wc> {
             qp,
             RecvWr {
                 wr_id: 9,
-                sg_list: vec![sge_of(&dst, 0, 4096)],
+                sg_list: [sge_of(&dst, 0, 4096)].into(),
             },
         )
         .unwrap();

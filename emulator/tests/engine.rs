@@ -96,11 +96,12 @@ fn rc_between_a_polled_engine_and_a_threaded_device() {
                 qb,
                 RecvWr {
                     wr_id: 5,
-                    sg_list: vec![Sge {
+                    sg_list: [Sge {
                         addr: mr_b.addr,
                         length: 1 << 16,
                         lkey: mr_b.lkey,
-                    }],
+                    }]
+                    .into(),
                 },
             )
         })
@@ -380,7 +381,7 @@ fn spawn_with_runs_the_hook_after_every_turn_where_cq_events_are_drained() {
                     qb,
                     RecvWr {
                         wr_id,
-                        sg_list: vec![sge],
+                        sg_list: [sge].into(),
                     },
                 )?;
             }

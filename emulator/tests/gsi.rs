@@ -49,11 +49,12 @@ fn a_mad_from_qp1_to_qp1() {
         qb,
         RecvWr {
             wr_id: 7,
-            sg_list: vec![Sge {
+            sg_list: [Sge {
                 addr: mrb.addr,
                 length: 40 + 256,
                 lkey: mrb.lkey,
-            }],
+            }]
+            .into(),
         },
     )
     .unwrap();

@@ -188,7 +188,7 @@ fn post_all(p: &mut Pair, qs: &[Q], plan: &[Vec<Planned>]) -> Expect {
                         q.qb,
                         RecvWr {
                             wr_id: *id,
-                            sg_list: vec![rsge],
+                            sg_list: [rsge].into(),
                         },
                     )
                     .unwrap();

@@ -98,11 +98,12 @@ fn a_stale_qpn_does_not_reach_the_new_qp() {
             qb,
             RecvWr {
                 wr_id: i,
-                sg_list: vec![Sge {
+                sg_list: [Sge {
                     addr: mrb.addr,
                     length: 40 + 64,
                     lkey: mrb.lkey,
-                }],
+                }]
+                .into(),
             },
         )
         .unwrap();

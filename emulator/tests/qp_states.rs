@@ -70,7 +70,7 @@ fn send(id: u64) -> SendWr {
 fn recv(id: u64) -> RecvWr {
     RecvWr {
         wr_id: id,
-        sg_list: vec![],
+        sg_list: Default::default(),
     }
 }
 
@@ -371,7 +371,7 @@ fn rtr_responds_but_does_not_send() {
         b.qp,
         RecvWr {
             wr_id: 1,
-            sg_list: vec![],
+            sg_list: Default::default(),
         },
     )
     .unwrap();

@@ -853,7 +853,7 @@ fn pair_drive_serves_a_retransmission_at_its_timer() {
                 qb,
                 RecvWr {
                     wr_id: 1,
-                    sg_list: vec![sge_b],
+                    sg_list: [sge_b].into(),
                 },
             )
             .unwrap();

@@ -51,7 +51,7 @@ fn sge(mr: &MrInfo, off: usize, len: usize) -> Sge {
 fn post_srq(r: &mut Rnic, srq: SrqId, mr: &MrInfo, i: u64) {
     let wr = RecvWr {
         wr_id: 1000 + i,
-        sg_list: vec![sge(mr, i as usize * SLOT, SLOT)],
+        sg_list: [sge(mr, i as usize * SLOT, SLOT)].into(),
     };
     r.post_srq_recv(srq, wr).unwrap();
 }
@@ -253,7 +253,7 @@ fn destroy_while_attached_is_busy() {
             srq,
             RecvWr {
                 wr_id: 1,
-                sg_list: vec![]
+                sg_list: Default::default()
             }
         ),
         Err(VerbsError::NotFound(_))
@@ -281,7 +281,7 @@ fn post_recv_on_a_qp_with_an_srq_is_an_error() {
     }
     let wr = || RecvWr {
         wr_id: 5,
-        sg_list: vec![sge(&b.mr, 0, 64)],
+        sg_list: [sge(&b.mr, 0, 64)].into(),
     };
     assert!(matches!(
         p.b.post_recv(q, wr()),
@@ -371,7 +371,7 @@ fn err_leaves_the_srq_wqes_and_raises_last_wqe_reached() {
         b.qb[0],
         RecvWr {
             wr_id: 1,
-            sg_list: vec![],
+            sg_list: Default::default(),
         },
     );
     assert!(matches!(r, Err(VerbsError::Invalid(_))), "{r:?}");
@@ -456,7 +456,7 @@ fn bounds() {
     // Too many SGEs; then full.
     let two = RecvWr {
         wr_id: 1,
-        sg_list: vec![sge(&b.mr, 0, 8), sge(&b.mr, 8, 8)],
+        sg_list: [sge(&b.mr, 0, 8), sge(&b.mr, 8, 8)].into(),
     };
     assert!(matches!(
         p.b.post_srq_recv(srq, two),
@@ -470,7 +470,7 @@ fn bounds() {
             srq,
             RecvWr {
                 wr_id: 9,
-                sg_list: vec![]
+                sg_list: Default::default()
             }
         ),
         Err(VerbsError::NoSpace(_))

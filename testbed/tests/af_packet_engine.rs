@@ -156,11 +156,12 @@ impl Side {
                 self.qpn,
                 RecvWr {
                     wr_id: 9,
-                    sg_list: vec![Sge {
+                    sg_list: [Sge {
                         addr: self.mr.addr + LEN as u64,
                         length: LEN as u32,
                         lkey: self.mr.lkey,
-                    }],
+                    }]
+                    .into(),
                 },
             )
             .map_err(|e| e.to_string())?;

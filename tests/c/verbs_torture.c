@@ -289,7 +289,18 @@ static void impossible_verbs(struct end *e)
 	r = ibv_dealloc_pd(pd2);
 	CHECK(r == EBUSY, "ibv_dealloc_pd of a PD with a region: %d (%s), expected EBUSY", r, strerror(r));
 	ok("ibv_dealloc_pd(PD with an MR) -> EBUSY");
-	CHECK(ibv_dereg_mr(mr2) == 0 && ibv_dealloc_pd(pd2) == 0, "dereg/dealloc after EBUSY");
+	CHECK(ibv_dereg_mr(mr2) == 0, "ibv_dereg_mr after EBUSY");
+	/* An address handle holds its PD too (rdma-core counts it in the kernel's usecnt). */
+	union ibv_gid own;
+	CHECK(ibv_query_gid(e->ctx, 1, 1, &own) == 0, "ibv_query_gid(1): %s", strerror(errno));
+	struct ibv_ah_attr aha = { .is_global = 1, .port_num = 1, .grh = { .sgid_index = 1, .hop_limit = 64 } };
+	aha.grh.dgid = own;
+	struct ibv_ah *ah2 = ibv_create_ah(pd2, &aha);
+	CHECK(ah2, "ibv_create_ah on the second PD: %s", strerror(errno));
+	r = ibv_dealloc_pd(pd2);
+	CHECK(r == EBUSY, "ibv_dealloc_pd of a PD with an AH: %d (%s), expected EBUSY", r, strerror(r));
+	ok("ibv_dealloc_pd(PD with an AH) -> EBUSY");
+	CHECK(ibv_destroy_ah(ah2) == 0 && ibv_dealloc_pd(pd2) == 0, "destroy_ah/dealloc after EBUSY");
 	CHECK(ibv_dereg_mr(mr) == 0, "ibv_dereg_mr");
 
 	struct ibv_port_attr pa;

@@ -268,7 +268,7 @@ fn post_op(ctx: &mut Ctx, a: &Side, b: &Side, run: &OpRun, errs: &mut Vec<String
                 b.qp,
                 RecvWr {
                     wr_id: i as u64,
-                    sg_list: vec![r],
+                    sg_list: [r].into(),
                 },
             ) {
                 errs.push(format!("post_recv: {e}"));
@@ -406,7 +406,7 @@ fn run_ud(ctx: &mut Ctx, count: usize, size: usize) -> Row {
             b.qp,
             RecvWr {
                 wr_id: i as u64,
-                sg_list: vec![r],
+                sg_list: [r].into(),
             },
         );
         let mut w = SendWr::new(

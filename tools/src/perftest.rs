@@ -362,7 +362,7 @@ pub(crate) fn post_receives(
     for _ in 0..n {
         let w = RecvWr {
             wr_id: (qi as u64) << WR_QP_SHIFT,
-            sg_list: vec![buf],
+            sg_list: [buf].into(),
         };
         r.post_recv(qpn, w).map_err(|e| e.to_string())?;
     }
@@ -425,7 +425,7 @@ impl Receiver {
                 };
                 let w = RecvWr {
                     wr_id: (qi as u64) << WR_QP_SHIFT | q.posted,
-                    sg_list: vec![buf],
+                    sg_list: [buf].into(),
                 };
                 match r.post_recv(q.qpn, w) {
                     Ok(()) => {}
@@ -548,7 +548,7 @@ impl PingPong {
     pub fn post_recv(r: &mut Rnic, qpn: Qpn, recv: Sge) -> Result<(), String> {
         let w = RecvWr {
             wr_id: 0,
-            sg_list: vec![recv],
+            sg_list: [recv].into(),
         };
         r.post_recv(qpn, w).map_err(|e| e.to_string())
     }

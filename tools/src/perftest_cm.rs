@@ -110,11 +110,12 @@ impl Control {
             self.qpn,
             RecvWr {
                 wr_id: slot as u64,
-                sg_list: vec![Sge {
+                sg_list: [Sge {
                     addr: self.mr.addr + (slot * SLOT) as u64,
                     length: SLOT as u32,
                     lkey: self.mr.lkey,
-                }],
+                }]
+                .into(),
             },
         )
         .map_err(|e| e.to_string())

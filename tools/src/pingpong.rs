@@ -138,11 +138,12 @@ fn pp_post_recv(r: &mut Rnic, c: &PpCtx, size: usize, n: usize) -> Result<(), St
             c.qpn,
             RecvWr {
                 wr_id: RECV_WRID,
-                sg_list: vec![Sge {
+                sg_list: [Sge {
                     addr: c.mr.addr,
                     length: len as u32,
                     lkey: c.mr.lkey,
-                }],
+                }]
+                .into(),
             },
         )
         .map_err(verr)?;

@@ -88,11 +88,12 @@ impl Data {
             self.qpn,
             RecvWr {
                 wr_id: ID_RECV,
-                sg_list: vec![Sge {
+                sg_list: [Sge {
                     addr: self.mr.addr + self.recv_off() as u64,
                     length: 16,
                     lkey: self.mr.lkey,
-                }],
+                }]
+                .into(),
             },
         )
         .map_err(|e| e.to_string())

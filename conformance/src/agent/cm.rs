@@ -468,11 +468,12 @@ impl CmService {
             self.gsi_qpn,
             RecvWr {
                 wr_id: RECV_ID + slot as u64,
-                sg_list: vec![Sge {
+                sg_list: [Sge {
                     addr: self.mr.addr + (slot * (GRH + MAD_LEN)) as u64,
                     length: (GRH + MAD_LEN) as u32,
                     lkey: self.mr.lkey,
-                }],
+                }]
+                .into(),
             },
         )
     }

@@ -259,7 +259,7 @@ pub fn execute(rnic: &mut Rnic, objs: &mut Objects, req: Request) -> AgentResult
         Request::PostRecv { qpn, wr } => {
             let w = r::RecvWr {
                 wr_id: wr.wr_id,
-                sg_list: sges(&wr.sg),
+                sg_list: sges(&wr.sg).into(),
             };
             rnic.post_recv(qpn, w).map_err(verbs)?;
             Reply::Done

@@ -91,7 +91,7 @@ fn read_config() -> Result<Config, String> {
         mac.or(a.trim().parse().ok())
     } else if dev.starts_with("dpdk:") {
         if cfg!(feature = "dpdk") {
-            mac
+            mac.or_else(|| vdev_mac(&dev))
         } else {
             return Err(format!(
                 "rocemu: ROCEMU_DEV={dev}: this libibverbs was built without DPDK; no device"
@@ -109,6 +109,18 @@ fn read_config() -> Result<Config, String> {
         mac,
         known_mac,
     })
+}
+
+/// The MAC a DPDK virtual device is given in its arguments (`--vdev=net_memif0,…,mac=…`, as
+/// net_memif and net_tap take it), if one is: known before the port opens. The last `mac=`
+/// wins; one that is not a unicast MAC (net_tap's `mac=fixed`) is not known.
+fn vdev_mac(eal_args: &str) -> Option<Mac> {
+    eal_args
+        .split(|c: char| c == ',' || c.is_whitespace())
+        .filter_map(|kv| kv.strip_prefix("mac="))
+        .next_back()
+        .and_then(|m| m.parse::<Mac>().ok())
+        .filter(|m| *m != Mac([0; 6]) && !m.is_multicast())
 }
 
 /// The configuration, read once; `None` (said once on stderr) when there is none or it is bad.
@@ -505,5 +517,19 @@ fn run(
             nic.progress.fetch_add(1, Ordering::SeqCst);
         }
         engine.idle(w);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_vdevs_mac_argument_is_known_before_the_port_opens() {
+        let a = "--no-huge -l 0 --vdev=net_memif0,role=server,mac=02:00:00:00:00:07,socket=/x";
+        assert_eq!(vdev_mac(a), Some(Mac([2, 0, 0, 0, 0, 7])));
+        assert_eq!(vdev_mac("--vdev=net_memif0,role=client"), None);
+        assert_eq!(vdev_mac("--vdev=net_tap0,mac=fixed"), None);
+        assert_eq!(vdev_mac("--vdev=net_memif0,mac=01:00:5e:00:00:01"), None);
     }
 }

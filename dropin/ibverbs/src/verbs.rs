@@ -37,6 +37,9 @@ pub struct Ctx {
 pub struct Pd {
     pub ibv: ibv_pd,
     pub id: PdId,
+    /// Its live address handles (they live here, not in the core): `ibv_dealloc_pd` is EBUSY
+    /// while there are any. Changed under the NIC lock.
+    pub ahs: AtomicU32,
 }
 
 #[repr(C)]
@@ -163,10 +166,13 @@ pub extern "C" fn ibv_get_device_guid(dev: *mut ibv_device) -> u64 {
         }
         let guid = match nic::started() {
             Some(n) => n.node_guid,
-            None => nic::config()
-                .and_then(|c| c.known_mac)
-                .map(nic::guid_of)
-                .unwrap_or(0),
+            None => match nic::config().and_then(|c| c.known_mac) {
+                Some(m) => nic::guid_of(m),
+                // A DPDK port's MAC is known once the port is open (net_memif draws one at
+                // random unless given mac=): open it, as ibv_open_device would. If it will
+                // not open, there is no GUID to give (and the open said why on stderr).
+                None => nic::nic().map(|n| n.node_guid).unwrap_or(0),
+            },
         };
         guid.to_be()
     })
@@ -522,13 +528,14 @@ pub extern "C" fn ibv_alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
             return fail_ptr(EINVAL);
         }
         let n = try_null!(the_nic());
-        let id = n.lock().rnic.alloc_pd();
+        let id = try_null!(n.lock().rnic.try_alloc_pd().map_err(|e| errno_of(&e)));
         let pd = Box::new(Pd {
             ibv: ibv_pd {
                 context: ctx,
                 handle: id.0,
             },
             id,
+            ahs: AtomicU32::new(0),
         });
         Box::into_raw(pd).cast()
     })
@@ -539,7 +546,20 @@ pub extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
         if pd.is_null() {
             return EINVAL;
         }
-        // SAFETY: a PD from ibv_alloc_pd, given back once.
+        let n = try_errno!(the_nic());
+        let mut g = n.lock();
+        // SAFETY: a PD of ours.
+        let p = unsafe { &*(pd as *mut Pd) };
+        // As the kernel: EBUSY while an object of the PD lives (its MRs, QPs and SRQs the core
+        // knows; its AHs we count).
+        if p.ahs.load(Ordering::Relaxed) > 0 {
+            return libc::EBUSY;
+        }
+        if let Err(e) = g.rnic.dealloc_pd(p.id) {
+            return errno_of(&e);
+        }
+        drop(g);
+        // SAFETY: a PD from ibv_alloc_pd, given back once (the core refused nothing).
         drop(unsafe { Box::from_raw(pd as *mut Pd) });
         0
     })
@@ -784,6 +804,10 @@ pub extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
         let mut g = n.lock();
         // SAFETY: a CQ of ours.
         let c = unsafe { &*(cq as *mut Cq) };
+        // EBUSY while a QP uses it, as the kernel; then its completions and events are gone.
+        if let Err(e) = g.rnic.destroy_cq(c.id) {
+            return errno_of(&e);
+        }
         g.cqs.remove(&c.id.0);
         if !c.ibv.channel.is_null() {
             // SAFETY: its channel, alive while it has CQs (destroy_comp_channel says EBUSY).
@@ -794,8 +818,8 @@ pub extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
                 .retain(|&p| p != cq as usize);
         }
         drop(g);
-        // SAFETY: a CQ from create_cq, given back once (the core's CQ stays: it has no
-        // destroy; its handle is never used again).
+        // SAFETY: a CQ from create_cq, given back once (the core's CQ is gone; its handle
+        // reaches nothing, not the CQ that reuses its slot).
         drop(unsafe { Box::from_raw(cq as *mut Cq) });
         0
     })
@@ -1577,14 +1601,7 @@ fn recv_wr(w: &ibv_recv_wr) -> Result<RecvWr, c_int> {
     let s = unsafe { sges(w.sg_list, w.num_sge)? };
     Ok(RecvWr {
         wr_id: w.wr_id,
-        sg_list: s
-            .iter()
-            .map(|e| Sge {
-                addr: e.addr,
-                length: e.length,
-                lkey: e.lkey,
-            })
-            .collect(),
+        sg_list: sg_list(s),
     })
 }
 
@@ -1773,6 +1790,11 @@ pub extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut
         // SAFETY: the caller's attributes and a PD of ours.
         let (a, ctx) = unsafe { (&*attr, (*pd).context) };
         let av = try_null!(av_of(n, a));
+        let g = n.lock();
+        // SAFETY: a PD of ours; its AH count changes under the NIC lock.
+        let p = unsafe { &*(pd as *mut Pd) };
+        p.ahs.fetch_add(1, Ordering::Relaxed);
+        drop(g);
         let ah = Box::new(Ah {
             ibv: ibv_ah {
                 context: ctx,
@@ -1790,8 +1812,16 @@ pub extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
         if ah.is_null() {
             return EINVAL;
         }
-        // SAFETY: an AH from create_ah, given back once.
-        drop(unsafe { Box::from_raw(ah as *mut Ah) });
+        let n = try_errno!(the_nic());
+        // SAFETY: an AH from create_ah, given back once; its PD outlives it (dealloc_pd is
+        // EBUSY meanwhile).
+        let a = unsafe { Box::from_raw(ah as *mut Ah) };
+        let g = n.lock();
+        // SAFETY: as above.
+        unsafe { &*(a.ibv.pd as *mut Pd) }
+            .ahs
+            .fetch_sub(1, Ordering::Relaxed);
+        drop(g);
         0
     })
 }

@@ -3,7 +3,9 @@
 //! Invariants: a CQ holds at most its depth; the first completion that finds it full puts it in
 //! error for good (`IBV_EVENT_CQ_ERR`), later ones are counted and lost, and every QP on it is
 //! moved to ERR before the entry point that overflowed it returns ([`Rnic::settle_cq_errors`]);
-//! at most [`ASYNC_EVENTS_MAX`] asynchronous events wait, later ones are counted and dropped.
+//! at most [`ASYNC_EVENTS_MAX`] asynchronous events wait, later ones are counted and dropped; a
+//! CQ a QP uses is not destroyed (EBUSY), and a destroyed CQ's [`CqId`] reaches nothing, not
+//! the CQ that reuses its slot ([`CqTable`]).
 //!
 //! Completion notification (`ibv_req_notify_cq`) is one-shot: [`Rnic::req_notify_cq`] arms a
 //! CQ, the next completion added to it that the arming asks for fires one event and disarms it;
@@ -12,9 +14,14 @@
 //! number of CQs.
 use super::device::Dev;
 use super::modify::flush;
+use super::slots::GenSlots;
 use super::verbs::*;
 use super::Rnic;
 use std::collections::VecDeque;
+
+/// The CQ table: a [`CqId`] is its slot (low 17 bits, `max_cq` = 2^17) and the slot's
+/// generation (see [`GenSlots`]).
+pub(crate) type CqTable = GenSlots<Cq, 17>;
 
 /// Asynchronous events kept for [`Rnic::poll_async_event`]; later ones are counted and dropped.
 pub const ASYNC_EVENTS_MAX: usize = 4096;
@@ -58,7 +65,7 @@ impl Dev {
     }
 
     fn push_wc_se(&mut self, cq: CqId, wc: Wc, se: bool) {
-        if let Some(Some(c)) = self.cqs.get_mut(cq.0 as usize) {
+        if let Some(c) = self.cqs.get_mut(cq.0) {
             if c.overflowed {
                 self.counters.cq_overflows += 1;
             } else if c.q.len() >= c.depth {
@@ -102,14 +109,46 @@ impl Rnic {
         if cqe == 0 || cqe > self.attr.max_cqe as usize {
             return invalid(format!("CQ depth {cqe} not in 1..={}", self.attr.max_cqe));
         }
-        self.dev.cqs.push(Some(Cq {
+        let cq = Cq {
             q: VecDeque::with_capacity(cqe.min(4096)),
             depth: cqe,
             overflowed: false,
             notify: Notify::Disarmed,
             event_pending: false,
-        }));
-        Ok(CqId(self.dev.cqs.len() as u32 - 1))
+        };
+        self.dev
+            .cqs
+            .insert(self.attr.max_cq as usize, cq)
+            .map(CqId)
+            .ok_or(VerbsError::NoSpace("max_cq reached"))
+    }
+
+    /// `ibv_destroy_cq`: refused with [`VerbsError::Busy`] (EBUSY, as the kernel's uverbs
+    /// answers) while a QP sends or receives on it; then the CQ, its completions and any event
+    /// of it not yet taken are gone, its slot is free for the next CQ, and its [`CqId`] names
+    /// nothing any more (not the CQ that reuses the slot).
+    pub fn destroy_cq(&mut self, cq: CqId) -> Result<(), VerbsError> {
+        if self.dev.cqs.get(cq.0).is_none() {
+            return Err(VerbsError::NotFound("completion queue"));
+        }
+        if self
+            .qps
+            .iter()
+            .flatten()
+            .any(|q| q.send_cq == cq || q.recv_cq == cq)
+        {
+            return Err(VerbsError::Busy("a QP still uses the CQ"));
+        }
+        self.dev.cqs.remove(cq.0);
+        self.dev.cq_events.retain(|&c| c != cq);
+        self.dev.failed_cqs.retain(|&c| c != cq);
+        Ok(())
+    }
+
+    /// How many CQs live, and how many slots the CQ table holds (its memory: the peak of live
+    /// CQs, since freed slots are reused).
+    pub fn cq_table_size(&self) -> (usize, usize) {
+        (self.dev.cqs.live(), self.dev.cqs.capacity())
     }
 
     /// `ibv_poll_cq`: up to `max` completions, oldest first.
@@ -121,7 +160,7 @@ impl Rnic {
 
     /// `ibv_poll_cq` into a caller's vector (appends); returns how many.
     pub fn poll_cq_into(&mut self, cq: CqId, max: usize, out: &mut Vec<Wc>) -> usize {
-        let Some(Some(c)) = self.dev.cqs.get_mut(cq.0 as usize) else {
+        let Some(c) = self.dev.cqs.get_mut(cq.0) else {
             return 0;
         };
         let n = max.min(c.q.len());
@@ -131,13 +170,13 @@ impl Rnic {
 
     /// True when the CQ lost completions because it was full (`IBV_EVENT_CQ_ERR`).
     pub fn cq_overflowed(&self, cq: CqId) -> bool {
-        matches!(self.dev.cqs.get(cq.0 as usize), Some(Some(c)) if c.overflowed)
+        matches!(self.dev.cqs.get(cq.0), Some(c) if c.overflowed)
     }
 
     /// The CQ's error, when it is in error ([`VerbsError::CqOverrun`]).
     pub fn cq_error(&self, cq: CqId) -> Option<VerbsError> {
-        match self.dev.cqs.get(cq.0 as usize) {
-            Some(Some(c)) if c.overflowed => Some(VerbsError::CqOverrun { cq, depth: c.depth }),
+        match self.dev.cqs.get(cq.0) {
+            Some(c) if c.overflowed => Some(VerbsError::CqOverrun { cq, depth: c.depth }),
             _ => None,
         }
     }
@@ -151,7 +190,7 @@ impl Rnic {
         max: usize,
         out: &mut Vec<Wc>,
     ) -> Result<usize, VerbsError> {
-        if !matches!(self.dev.cqs.get(cq.0 as usize), Some(Some(_))) {
+        if self.dev.cqs.get(cq.0).is_none() {
             return Err(VerbsError::NotFound("completion queue"));
         }
         match self.poll_cq_into(cq, max, out) {
@@ -167,7 +206,7 @@ impl Rnic {
     /// in place (as rxe's `rxe_req_notify_cq`). Completions already in the CQ fire nothing: the
     /// program polls after arming.
     pub fn req_notify_cq(&mut self, cq: CqId, solicited_only: bool) -> Result<(), VerbsError> {
-        let Some(Some(c)) = self.dev.cqs.get_mut(cq.0 as usize) else {
+        let Some(c) = self.dev.cqs.get_mut(cq.0) else {
             return Err(VerbsError::NotFound("completion queue"));
         };
         c.notify = match (solicited_only, c.notify) {
@@ -182,7 +221,7 @@ impl Rnic {
     /// (appended to `out`): `ibv_get_cq_event`'s events, for the completion channels.
     pub fn take_cq_events(&mut self, out: &mut Vec<CqId>) {
         for cq in self.dev.cq_events.drain(..) {
-            if let Some(Some(c)) = self.dev.cqs.get_mut(cq.0 as usize) {
+            if let Some(c) = self.dev.cqs.get_mut(cq.0) {
                 c.event_pending = false;
             }
             out.push(cq);

@@ -5,7 +5,7 @@
 //! from its header template (made at `modify_qp`), a UD packet's from its work request's address
 //! vector; the device's generator is the only source of randomness (keys, QPNs, PSNs, MR
 //! addresses), seeded from [`RnicConfig::seed`].
-use super::cq::Cq;
+use super::cq::CqTable;
 use super::mr::MemTable;
 use super::qp::Qp;
 use super::qpn::{QpnMap, Slots};
@@ -91,7 +91,7 @@ pub(crate) struct Dev {
     pub cfg: RnicConfig,
     pub rng: KeyRng,
     pub mem: MemTable,
-    pub cqs: Vec<Option<Cq>>,
+    pub cqs: CqTable,
     /// The engine's neighbour table as the RNIC last heard it (bounded; see [`Neighbors`]).
     pub neighbors: Neighbors,
     pub ip_ident: u16,
@@ -284,7 +284,7 @@ impl Rnic {
                 cfg,
                 rng,
                 mem: MemTable::default(),
-                cqs: Vec::new(),
+                cqs: CqTable::default(),
                 neighbors: Neighbors::default(),
                 ip_ident: 0,
                 counters: Counters::default(),

@@ -12,7 +12,7 @@
 //!
 //! ```text
 //! device.rs     config, counters, device attributes, the Rnic and its tables, the frame builder
-//! objects.rs    verbs that make objects: PD, MR, QP (and QP1); the QP table's lookup; queries
+//! objects.rs    verbs that make and unmake objects: PD, MR, QP (and QP1); the QP table's lookup; queries
 //! modify.rs     ibv_modify_qp: checks, attributes, transitions (ERR flushes, RESET clears)
 //! state.rs      the QP state machine table: transitions, required and optional attributes
 //! post.rs       the doorbell: ibv_post_send, ibv_post_recv
@@ -25,6 +25,7 @@
 //! srq.rs        shared receive queues: the verbs, and the receive WQE fetch RQ or SRQ
 //! qp.rs         a QP's state: attributes, queues, cursors
 //! qpn.rs        the QPN map: a keyed permutation from (generation, slot) to QPN
+//! slots.rs      handle tables with generations: the CQs and the PDs
 //! mr.rs         the memory table: PDs, MRs, key and bounds checks, gather and scatter
 //! verbs.rs      the verbs-facing types, named after ibverbs
 //! ```
@@ -47,6 +48,7 @@ mod receive;
 mod requester;
 mod responder;
 mod schedule;
+mod slots;
 mod srq;
 pub mod state;
 pub mod verbs;

@@ -6,6 +6,7 @@
 //! the key, the protection domain, the permission and the bounds before a byte moves
 //! (IBTA 10.6.3, 9.4.4.3). Keys are drawn from the device's ChaCha20 generator ([`KeyRng`]): not guessable
 //! from each other (ReDMArk's first attack was predictable R_Keys).
+use super::slots::GenSlots;
 use super::verbs::{Access, PdId, Sge, WcStatus};
 use crate::dma::ForeignMem;
 use crate::rng::KeyRng;
@@ -211,17 +212,24 @@ pub(crate) struct MemTable {
     /// the region itself, so a stale entry only misses.
     last_lkey: Cell<(u32, usize)>,
     last_rkey: Cell<(u32, usize)>,
-    pub pds: Vec<bool>,
+    /// The PDs: a [`PdId`] is a slot (low 16 bits, `max_pd` = 2^16) and its generation.
+    pub pds: GenSlots<(), 16>,
 }
 
 impl MemTable {
-    pub fn alloc_pd(&mut self) -> PdId {
-        self.pds.push(true);
-        PdId(self.pds.len() as u32 - 1)
+    /// A new PD; None when `max` PDs live.
+    pub fn alloc_pd(&mut self, max: usize) -> Option<PdId> {
+        self.pds.insert(max, ()).map(PdId)
     }
 
+    /// Frees the PD's slot (the caller checked that nothing refers to it).
+    pub fn dealloc_pd(&mut self, pd: PdId) {
+        self.pds.remove(pd.0);
+    }
+
+    #[inline]
     pub fn pd_valid(&self, pd: PdId) -> bool {
-        self.pds.get(pd.0 as usize).copied().unwrap_or(false)
+        self.pds.get(pd.0).is_some()
     }
 
     fn fresh_key(&self, rng: &mut KeyRng) -> u32 {
@@ -519,7 +527,7 @@ mod tests {
         // A region at address 0: an SGE near 2^64 must not wrap past the bounds check.
         let mut rng = KeyRng::new(&crate::rng::Seed::from_u64(1));
         let mut t = MemTable::default();
-        let pd = t.alloc_pd();
+        let pd = t.alloc_pd(16).unwrap();
         let mr = t.register(&mut rng, pd, 0, 4096, Access::LOCAL_WRITE);
         let sge = |addr, length| Sge {
             addr,
@@ -541,8 +549,8 @@ mod tests {
     fn remote_checks() {
         let mut rng = KeyRng::new(&crate::rng::Seed::from_u64(1));
         let mut t = MemTable::default();
-        let pd = t.alloc_pd();
-        let pd2 = t.alloc_pd();
+        let pd = t.alloc_pd(16).unwrap();
+        let pd2 = t.alloc_pd(16).unwrap();
         let mr = t.register(
             &mut rng,
             pd,
@@ -595,7 +603,7 @@ mod tests {
     fn scatter_gather_across_sges() {
         let mut rng = KeyRng::new(&crate::rng::Seed::from_u64(2));
         let mut t = MemTable::default();
-        let pd = t.alloc_pd();
+        let pd = t.alloc_pd(16).unwrap();
         let a = t.register(&mut rng, pd, 0x1000, 16, Access::LOCAL_WRITE);
         let b = t.register(&mut rng, pd, 0x9000, 16, Access::LOCAL_WRITE);
         let sges = [
@@ -666,8 +674,8 @@ mod tests {
         // do nothing (which sent stale bytes and completed reads without data).
         let mut rng = KeyRng::new(&crate::rng::Seed::from_u64(3));
         let mut t = MemTable::default();
-        let pd = t.alloc_pd();
-        let other = t.alloc_pd();
+        let pd = t.alloc_pd(16).unwrap();
+        let other = t.alloc_pd(16).unwrap();
         let a = t.register(&mut rng, pd, 0x1000, 16, Access::LOCAL_WRITE);
         let b = t.register(&mut rng, pd, 0x9000, 16, Access::LOCAL_WRITE);
         let one = [Sge {

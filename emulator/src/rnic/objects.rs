@@ -1,7 +1,7 @@
 //! The verbs that make and unmake objects — protection domains, memory regions, queue pairs
 //! (QP1 among them) — the QP table's lookup by QPN, and the queries on a QP.
 //!
-//! Invariants: a QP is found through its QPN only when the QP in the slot carries that very QPN
+//! Invariants: a PD is not deallocated while an MR, a QP or an SRQ of it lives (EBUSY); a QP is found through its QPN only when the QP in the slot carries that very QPN
 //! (a destroyed QP's QPN reaches nothing, [`super::qpn`]); at most `max_qp` QPs live at once and
 //! one QP1; an MR's access flags obey IBTA 10.6.3.1 (remote write or atomic needs local write).
 use super::mr::{Backing, MrInfo};
@@ -12,9 +12,40 @@ use crate::dma::ForeignMem;
 use rocemu_wire::Qpn;
 
 impl Rnic {
-    /// `ibv_alloc_pd`.
+    /// `ibv_alloc_pd`, for callers that keep their PDs few (the in-process tools and tests):
+    /// past `max_pd` live PDs it returns a [`PdId`] that names no PD, so that every verb on it
+    /// fails with `NotFound`. [`Rnic::try_alloc_pd`] says so instead.
     pub fn alloc_pd(&mut self) -> PdId {
-        self.dev.mem.alloc_pd()
+        self.try_alloc_pd().unwrap_or(PdId(u32::MAX))
+    }
+
+    /// `ibv_alloc_pd`: refused with `NoSpace` (ENOMEM) when `max_pd` PDs live.
+    pub fn try_alloc_pd(&mut self) -> Result<PdId, VerbsError> {
+        self.dev
+            .mem
+            .alloc_pd(self.attr.max_pd as usize)
+            .ok_or(VerbsError::NoSpace("max_pd reached"))
+    }
+
+    /// `ibv_dealloc_pd`: refused with [`VerbsError::Busy`] (EBUSY, as the kernel's uverbs
+    /// answers) while a memory region, a QP or an SRQ of the PD lives (address handles live in
+    /// the caller's library, which counts them itself); then the PD's slot is free and its
+    /// [`PdId`] names nothing any more (not the PD that reuses the slot).
+    pub fn dealloc_pd(&mut self, pd: PdId) -> Result<(), VerbsError> {
+        if !self.dev.mem.pd_valid(pd) {
+            return Err(VerbsError::NotFound("protection domain"));
+        }
+        if self.dev.mem.mrs.iter().flatten().any(|m| m.info.pd == pd) {
+            return Err(VerbsError::Busy("a memory region of the PD lives"));
+        }
+        if self.qps.iter().flatten().any(|q| q.pd == pd) {
+            return Err(VerbsError::Busy("a QP of the PD lives"));
+        }
+        if self.dev.srqs.any_of_pd(pd) {
+            return Err(VerbsError::Busy("an SRQ of the PD lives"));
+        }
+        self.dev.mem.dealloc_pd(pd);
+        Ok(())
     }
 
     /// `ibv_reg_mr` of `length` zeroed bytes owned by the RNIC, at a virtual address it picks.
@@ -227,7 +258,7 @@ impl Rnic {
             return Err(VerbsError::NotFound("protection domain"));
         }
         for cq in [init.send_cq, init.recv_cq] {
-            if !matches!(self.dev.cqs.get(cq.0 as usize), Some(Some(_))) {
+            if self.dev.cqs.get(cq.0).is_none() {
                 return Err(VerbsError::NotFound("completion queue"));
             }
         }

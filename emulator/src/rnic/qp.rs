@@ -201,7 +201,7 @@ impl core::ops::IndexMut<usize> for SendQueue {
 #[derive(Debug, Clone)]
 pub(crate) struct RecvWqe {
     pub wr_id: u64,
-    pub sg_list: Vec<Sge>,
+    pub sg_list: SgList,
     pub len: u64,
 }
 

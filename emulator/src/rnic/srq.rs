@@ -48,6 +48,11 @@ pub(crate) struct SrqTable {
 }
 
 impl SrqTable {
+    /// True when an SRQ of `pd` lives.
+    pub fn any_of_pd(&self, pd: PdId) -> bool {
+        self.slots.iter().flatten().any(|s| s.pd == pd)
+    }
+
     pub fn get(&self, id: SrqId) -> Option<&Srq> {
         let slot = (id.0 & ((1 << SLOT_BITS) - 1)) as usize;
         self.slots

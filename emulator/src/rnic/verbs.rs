@@ -473,8 +473,8 @@ pub struct UdDest {
     pub remote_qkey: QKey,
 }
 
-/// A scatter/gather list: up to two entries stored inline (no allocation per work request, no
-/// pointer to chase when the WQE executes), more on the heap.
+/// A scatter/gather list, of a send or a receive: up to two entries stored inline (no
+/// allocation per work request, no pointer to chase when the WQE executes), more on the heap.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SgList {
     Inline { n: u8, sges: [Sge; 2] },
@@ -560,7 +560,8 @@ impl SendWr {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RecvWr {
     pub wr_id: u64,
-    pub sg_list: Vec<Sge>,
+    /// Up to two SGEs inline: posting a receive allocates nothing for them.
+    pub sg_list: SgList,
 }
 
 /// `ibv_wc_status`.

@@ -268,7 +268,13 @@ impl Bed {
         let qp = self.end(s).qp;
         self.p
             .rnic(s)
-            .post_recv(qp, RecvWr { wr_id, sg_list })
+            .post_recv(
+                qp,
+                RecvWr {
+                    wr_id,
+                    sg_list: sg_list.into(),
+                },
+            )
             .unwrap();
     }
 

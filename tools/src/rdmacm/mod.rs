@@ -776,11 +776,12 @@ fn post_mad_recv(r: &mut Rnic, g: &Gsi, i: usize) -> Result<(), String> {
         g.qpn,
         RecvWr {
             wr_id: ID_MAD_RECV * 1000 + i as u64,
-            sg_list: vec![Sge {
+            sg_list: [Sge {
                 addr: g.mr.addr + (i * (GRH + MAD_LEN)) as u64,
                 length: (GRH + MAD_LEN) as u32,
                 lkey: g.mr.lkey,
-            }],
+            }]
+            .into(),
         },
     )
     .map_err(|e| e.to_string())
