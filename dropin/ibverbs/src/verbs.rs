@@ -52,12 +52,17 @@ pub struct Channel {
     pub q: Mutex<VecDeque<usize>>,
 }
 
+/// Every CQ is laid out as an `ibv_cq_ex` (`ibv` then `ex`), whichever verb made it, so that
+/// one type serves both and `ibv_destroy_cq` frees either; `ex` is zero (no ops) on a CQ of
+/// `ibv_create_cq` and filled by `ibv_create_cq_ex` (cq_ex.rs).
 #[repr(C)]
 pub struct Cq {
     pub ibv: ibv_cq,
+    pub ex: std::cell::UnsafeCell<ibv_cq_ex_ops>,
     pub id: CqId,
     /// The NIC's `progress` at which this CQ was last found empty (0: never).
     pub empty_at: AtomicU64,
+    pub poll: crate::cq_ex::PollState,
 }
 
 #[repr(C)]
@@ -192,6 +197,7 @@ pub extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_context {
         v.query_port = Some(query_port_op);
         v.query_device_ex = Some(query_device_ex_op);
         v.create_qp_ex = Some(create_qp_ex_op);
+        v.create_cq_ex = Some(crate::cq_ex::create_cq_ex_op);
         v.sz = size_of::<verbs_context>();
         let ctx = &mut v.context;
         ctx.device = dev;
@@ -762,8 +768,11 @@ pub extern "C" fn ibv_create_cq(
                 comp_events_completed: 0,
                 async_events_completed: 0,
             },
+            // SAFETY: plain data (integers, optional function pointers): zeroes are valid.
+            ex: unsafe { zeroed() },
             id,
             empty_at: AtomicU64::new(0),
+            poll: Default::default(),
         });
         let p = Box::into_raw(cq);
         g.cqs.insert(id.0, p as usize);
@@ -836,7 +845,7 @@ fn wc_opcode(o: WcOpcode) -> c_int {
     }
 }
 
-fn to_ibv_wc(w: &Wc) -> ibv_wc {
+pub(crate) fn to_ibv_wc(w: &Wc) -> ibv_wc {
     let imm = if w.wc_flags.contains(WcFlags::WITH_IMM) {
         w.imm_data.to_be()
     } else {
@@ -864,7 +873,7 @@ thread_local! {
     static EMPTY_POLLS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
 }
 
-unsafe extern "C" fn poll_cq_op(cq: *mut ibv_cq, num: c_int, wc: *mut ibv_wc) -> c_int {
+pub(crate) unsafe extern "C" fn poll_cq_op(cq: *mut ibv_cq, num: c_int, wc: *mut ibv_wc) -> c_int {
     guard(-1, || {
         if cq.is_null() || num < 0 || (wc.is_null() && num > 0) {
             return -EINVAL;
