@@ -18,12 +18,15 @@
 //!   fails (ENOENT when empty, an error) releases it before returning, and then `end_poll` must
 //!   not be called (rdma-core's rule).
 //! - Supported `wc_flags`: rdma-core's `IBV_WC_STANDARD_FLAGS` (byte_len, imm, qp_num, src_qp,
-//!   slid, sl, dlid_path_bits), like rxe's provider. RoCEmu keeps no completion timestamps:
-//!   `IBV_WC_EX_WITH_COMPLETION_TIMESTAMP` (and the wallclock, cvlan, flow tag and TM flags)
-//!   answer EOPNOTSUPP, rdma-core's answer for a flag a provider does not support; the device
-//!   reports `hca_core_clock` 0 and `completion_timestamp_mask` 0 accordingly. Every `read_*` op
-//!   is set anyway (those of unsupported fields return 0): a program reading a field it did not
-//!   ask for gets 0, not a call through NULL.
+//!   slid, sl, dlid_path_bits) and `IBV_WC_EX_WITH_COMPLETION_TIMESTAMP`; the others (wallclock,
+//!   cvlan, flow tag, tag matching) answer EOPNOTSUPP, rdma-core's answer for a flag a provider
+//!   does not support. Every `read_*` op is set anyway (those of unsupported fields return 0):
+//!   a program reading a field it did not ask for gets 0, not a call through NULL.
+//! - The completion timestamp is `CLOCK_MONOTONIC` in ns, and the device clock is announced as
+//!   1 GHz (`hca_core_clock` [`HCA_CORE_CLOCK_KHZ`] kHz, all 64 bits valid), so device-clock
+//!   units are ns. The core keeps no time of its own (it is sans-IO), so the stamp is taken when
+//!   the completion is handed to the program (`start_poll` / `next_poll` take it from the core):
+//!   never before the CQE existed, later than a NIC's stamp by the time it sat in the CQ.
 #![allow(clippy::missing_safety_doc, clippy::not_unsafe_ptr_arg_deref)]
 use crate::abi::*;
 use crate::ffi::{guard, set_errno};
@@ -45,14 +48,22 @@ pub const IBV_WC_EX_WITH_SRC_QP: u64 = 1 << 3;
 pub const IBV_WC_EX_WITH_SLID: u64 = 1 << 4;
 pub const IBV_WC_EX_WITH_SL: u64 = 1 << 5;
 pub const IBV_WC_EX_WITH_DLID_PATH_BITS: u64 = 1 << 6;
-/// `IBV_WC_STANDARD_FLAGS`: what RoCEmu's extended CQs offer.
-pub const SUPPORTED_WC_FLAGS: u64 = IBV_WC_EX_WITH_BYTE_LEN
+pub const IBV_WC_EX_WITH_COMPLETION_TIMESTAMP: u64 = 1 << 7;
+/// `IBV_WC_STANDARD_FLAGS` and the completion timestamp: what RoCEmu's extended CQs offer.
+pub const SUPPORTED_WC_FLAGS: u64 = IBV_WC_EX_WITH_COMPLETION_TIMESTAMP
+    | IBV_WC_EX_WITH_BYTE_LEN
     | IBV_WC_EX_WITH_IMM
     | IBV_WC_EX_WITH_QP_NUM
     | IBV_WC_EX_WITH_SRC_QP
     | IBV_WC_EX_WITH_SLID
     | IBV_WC_EX_WITH_SL
     | IBV_WC_EX_WITH_DLID_PATH_BITS;
+
+/// The device clock `ibv_query_device_ex` announces (`hca_core_clock`, kHz): 1 GHz, so a
+/// completion timestamp is in ns.
+pub const HCA_CORE_CLOCK_KHZ: u64 = 1_000_000;
+/// `completion_timestamp_mask`: every bit of the timestamp is valid (it does not wrap).
+pub const COMPLETION_TIMESTAMP_MASK: u64 = u64::MAX;
 
 pub const IBV_CQ_INIT_ATTR_MASK_FLAGS: u32 = 1 << 0;
 /// `IBV_CREATE_CQ_ATTR_SINGLE_THREADED | IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN`: both accepted;
@@ -64,8 +75,9 @@ const SUPPORTED_CREATE_FLAGS: u32 = (1 << 0) | (1 << 1);
 pub struct PollState {
     /// The poll lock: held from a successful `start_poll` to `end_poll`.
     busy: AtomicBool,
-    /// The current completion, as `ibv_poll_cq` returns it; written only by the lock holder.
-    cur: UnsafeCell<ibv_wc>,
+    /// The current completion, as `ibv_poll_cq` returns it, and when it was taken
+    /// (CLOCK_MONOTONIC ns); written only by the lock holder.
+    cur: UnsafeCell<(ibv_wc, u64)>,
 }
 
 impl Default for PollState {
@@ -73,7 +85,7 @@ impl Default for PollState {
         PollState {
             busy: AtomicBool::new(false),
             // SAFETY: ibv_wc is plain integers: zeroes are valid.
-            cur: UnsafeCell::new(unsafe { zeroed() }),
+            cur: UnsafeCell::new((unsafe { zeroed() }, 0)),
         }
     }
 }
@@ -101,8 +113,7 @@ pub unsafe extern "C" fn create_cq_ex_op(
             return fail(EOPNOTSUPP);
         }
         // ibv_create_cq refuses 0, more than max_cqe and a comp_vector other than 0 (EINVAL).
-        let (Ok(cqe), Ok(vector)) = (c_int::try_from(a.cqe), c_int::try_from(a.comp_vector))
-        else {
+        let (Ok(cqe), Ok(vector)) = (c_int::try_from(a.cqe), c_int::try_from(a.comp_vector)) else {
             return fail(EINVAL);
         };
         let cq = ibv_create_cq(ctx, cqe, a.cq_context, a.channel, vector);
@@ -126,7 +137,7 @@ pub unsafe extern "C" fn create_cq_ex_op(
             read_slid: Some(read_slid),
             read_sl: Some(read_sl),
             read_dlid_path_bits: Some(read_dlid_path_bits),
-            read_completion_ts: Some(read_zero_u64),
+            read_completion_ts: Some(read_completion_ts),
             read_cvlan: Some(read_cvlan),
             read_flow_tag: Some(read_flow_tag),
             read_tm_info: Some(read_tm_info),
@@ -148,6 +159,16 @@ unsafe fn cq_of<'a>(cq: Cx) -> &'a Cq {
     unsafe { &*(cq as *const Cq) }
 }
 
+fn monotonic_ns() -> u64 {
+    // SAFETY: plain data.
+    let mut t: libc::timespec = unsafe { zeroed() };
+    // SAFETY: writes the local timespec; CLOCK_MONOTONIC always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
+    (t.tv_sec as u64)
+        .wrapping_mul(1_000_000_000)
+        .wrapping_add(t.tv_nsec as u64)
+}
+
 /// Takes the next completion: 0 and it is current (`wr_id`, `status` set), or an errno.
 fn take_one(cq: Cx) -> c_int {
     // SAFETY: plain data.
@@ -156,11 +177,12 @@ fn take_one(cq: Cx) -> c_int {
     let n = unsafe { poll_cq_op(cq.cast(), 1, &mut wc) };
     match n {
         1 => {
+            let ts = monotonic_ns();
             // SAFETY: a CQ of ours, whose poll lock this thread holds (start_poll took it):
             // nobody else writes `cur` or `ex` meanwhile.
             unsafe {
                 let c = cq_of(cq);
-                *c.poll.cur.get() = wc;
+                *c.poll.cur.get() = (wc, ts);
                 let ex = c.ex.get();
                 (*ex).wr_id = wc.wr_id;
                 (*ex).status = wc.status;
@@ -217,15 +239,24 @@ unsafe extern "C" fn end_poll(cq: Cx) {
         .store(false, Ordering::Release);
 }
 
-/// The current completion (a copy).
-fn cur(cq: Cx) -> ibv_wc {
+/// The current completion and its timestamp (a copy).
+fn cur_ts(cq: Cx) -> (ibv_wc, u64) {
     if cq.is_null() {
         // SAFETY: plain data.
-        return unsafe { zeroed() };
+        return (unsafe { zeroed() }, 0);
     }
     // SAFETY: a CQ of ours; between start_poll and end_poll the caller holds the poll lock,
     // so `cur` is not being written.
     unsafe { *cq_of(cq).poll.cur.get() }
+}
+
+fn cur(cq: Cx) -> ibv_wc {
+    cur_ts(cq).0
+}
+
+/// In device-clock units (ns: see HCA_CORE_CLOCK_KHZ).
+unsafe extern "C" fn read_completion_ts(cq: Cx) -> u64 {
+    cur_ts(cq).1
 }
 
 unsafe extern "C" fn read_opcode(cq: Cx) -> c_int {
@@ -269,7 +300,7 @@ unsafe extern "C" fn read_dlid_path_bits(cq: Cx) -> u8 {
     cur(cq).dlid_path_bits
 }
 
-/// No VLAN, flow tag, tag matching or timestamps on RoCEmu (their flags are refused).
+/// No VLAN, flow tag, tag matching or wallclock on RoCEmu (their flags are refused).
 unsafe extern "C" fn read_cvlan(_cq: Cx) -> u16 {
     0
 }

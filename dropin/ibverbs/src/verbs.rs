@@ -312,6 +312,8 @@ unsafe extern "C" fn query_device_ex_op(
         let mut x: ibv_device_attr_ex = unsafe { zeroed() };
         x.orig_attr = device_attr(n, &a);
         x.phys_port_cnt_ex = 1;
+        x.completion_timestamp_mask = crate::cq_ex::COMPLETION_TIMESTAMP_MASK;
+        x.hca_core_clock = crate::cq_ex::HCA_CORE_CLOCK_KHZ;
         let len = size.min(size_of::<ibv_device_attr_ex>());
         // SAFETY: the caller's struct has `size` bytes; we write at most that many.
         unsafe { std::ptr::copy_nonoverlapping(&x as *const _ as *const u8, attr as *mut u8, len) };

@@ -108,6 +108,25 @@ fn rc_pingpong_polling_and_events() {
     pingpong("ibv_rc_pingpong", &["-e"], 18602);
 }
 
+/// `-t`: the CQ is an extended one with completion timestamps (ibv_create_cq_ex, start/next/
+/// end_poll, read_completion_ts), polled and on events; each end prints its receive completions'
+/// clock deltas, which exist only when every timestamped completion was parsed.
+#[test]
+fn rc_pingpong_extended_cq_with_timestamps() {
+    for (extra, port) in [(&["-t"][..], 18606), (&["-t", "-e"][..], 18607)] {
+        let mut a = vec!["-g", "1", "-c", "-n", "200"];
+        a.extend(extra);
+        let (s, k) = pair("ibv_rc_pingpong", &a, port);
+        for o in [&s, &k] {
+            assert!(o.contains("200 iters in"), "{extra:?}: {o}");
+            assert!(
+                o.contains("Average receive completion clock cycles"),
+                "{extra:?}: {o}"
+            );
+        }
+    }
+}
+
 #[test]
 fn uc_and_ud_pingpong() {
     pingpong("ibv_uc_pingpong", &[], 18603);
@@ -184,8 +203,9 @@ fn verbs_program_of_our_own_errno_threads_bad_rkey() {
 /// once on plain CQs and once on extended ones: every field read through start/next_poll and
 /// the read_* ops equals what ibv_poll_cq reports for the same work request (and what the
 /// traffic implies); ibv_poll_cq through ibv_cq_ex_to_cq and a completion channel work on an
-/// extended CQ; EOPNOTSUPP for the completion timestamp and other unsupported flags, EINVAL for
-/// cqe 0 or too big, ENOENT from start_poll on an empty CQ.
+/// extended CQ; completion timestamps fall between post and poll; EOPNOTSUPP for unsupported
+/// flags (wallclock, flow tag), EINVAL for cqe 0 or too big, ENOENT from start_poll on an empty
+/// CQ.
 #[test]
 fn extended_cq_poll_api_matches_poll_cq() {
     assert!(
@@ -197,7 +217,10 @@ fn extended_cq_poll_api_matches_poll_cq() {
     let st = Command::new("cc")
         .args(["-Wall", "-Wextra", "-Werror", "-o"])
         .arg(&exe)
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/cq_ex_check.c"))
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/c/cq_ex_check.c"
+        ))
         .arg("-libverbs")
         .status()
         .expect("cc");

@@ -5,7 +5,9 @@
  * (ibv_create_cq_ex with the wc_flags perftest and UCX ask for, polled with start/next/end_poll
  * and the read_* ops, the last completions with ibv_poll_cq through ibv_cq_ex_to_cq). Every field
  * read through the ops must equal what ibv_poll_cq reported for the same work request, and both
- * must be what the traffic implies. The child's extended receive CQ is on a completion channel:
+ * must be what the traffic implies. Completion timestamps, in the device clock ibv_query_device_ex
+ * announces, must not go back and must fall between the post and the poll that returned them
+ * (CLOCK_MONOTONIC: the library's documented clock). The child's extended receive CQ is on a completion channel:
  * ibv_req_notify_cq, poll(2) on the fd, ibv_get_cq_event. Also: the errno of impossible
  * arguments. Prints "ok" and exits 0 when everything held. */
 #include <arpa/inet.h>
@@ -15,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 #include <infiniband/verbs.h>
 
@@ -26,7 +29,8 @@ static int failures;
 #define REGION 16384
 #define RECV_SLOT 256
 #define WRITE_AT 6144   /* RDMA WRITE i lands at WRITE_AT + i * 256 */
-#define WC_FLAGS (IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_IMM | IBV_WC_EX_WITH_QP_NUM | IBV_WC_EX_WITH_SRC_QP)
+#define WC_FLAGS (IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_IMM | IBV_WC_EX_WITH_QP_NUM | \
+		  IBV_WC_EX_WITH_SRC_QP | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP)
 
 static struct ibv_context *ctx;
 static struct ibv_pd *pd;
@@ -43,7 +47,16 @@ struct info { uint32_t qpn[2]; uint32_t rkey[2]; uint64_t addr[2]; union ibv_gid
 static struct info peer;
 
 /* One completion as either API reported it. */
-struct rec { uint64_t wr_id; int status, opcode; uint32_t byte_len, imm, qp_num, src_qp; unsigned flags; };
+struct rec { uint64_t wr_id; int status, opcode; uint32_t byte_len, imm, qp_num, src_qp; unsigned flags; uint64_t ts; };
+
+/* The device clock (kHz) and CLOCK_MONOTONIC now, in ns. */
+static uint64_t clock_khz;
+static uint64_t now_ns(void) {
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+static uint64_t ts_ns(uint64_t ts) { return (uint64_t)((unsigned __int128)ts * 1000000u / clock_khz); }
 
 static int len_of(int i) { return i % 3 == 0 ? 100 + i : i % 3 == 1 ? 200 + i : 50 + i; }
 static uint32_t imm_of(int i) { return 0xabc000u + (uint32_t)i; }
@@ -97,14 +110,14 @@ static int setup(struct info *me, struct ibv_comp_channel *channel) {
 
 static void from_wc(struct rec *r, const struct ibv_wc *wc) {
 	*r = (struct rec){ wc->wr_id, wc->status, wc->opcode, wc->byte_len,
-		(wc->wc_flags & IBV_WC_WITH_IMM) ? ntohl(wc->imm_data) : 0, wc->qp_num, wc->src_qp, wc->wc_flags };
+		(wc->wc_flags & IBV_WC_WITH_IMM) ? ntohl(wc->imm_data) : 0, wc->qp_num, wc->src_qp, wc->wc_flags, 0 };
 }
 
 static void from_ops(struct rec *r, struct ibv_cq_ex *c) {
 	unsigned flags = ibv_wc_read_wc_flags(c);
 	*r = (struct rec){ c->wr_id, c->status, ibv_wc_read_opcode(c), ibv_wc_read_byte_len(c),
 		(flags & IBV_WC_WITH_IMM) ? ntohl(ibv_wc_read_imm_data(c)) : 0, ibv_wc_read_qp_num(c),
-		ibv_wc_read_src_qp(c), flags };
+		ibv_wc_read_src_qp(c), flags, ibv_wc_read_completion_ts(c) };
 	CHECK(ibv_wc_read_vendor_err(c) == 0, "vendor_err");
 }
 
@@ -143,6 +156,9 @@ static int poll_ex(struct ibv_cq_ex *c, struct rec *out, int want, int with_ops)
 static void compare(const struct rec *p, const struct rec *x, int n, int recv, uint32_t my[2], uint32_t their[2]) {
 	for (int j = 0; j < n; j++) {
 		const struct rec *a = &p[j], *b = &x[j];
+		/* Timestamps (those read through the ops: nonzero) never go back. */
+		CHECK(j == 0 || !b->ts || !x[j - 1].ts || b->ts >= x[j - 1].ts, "%d: timestamp %lu after %lu", j,
+		      (unsigned long)b->ts, (unsigned long)x[j - 1].ts);
 		CHECK(a->wr_id == b->wr_id && a->status == b->status && a->opcode == b->opcode &&
 		      a->byte_len == b->byte_len && a->imm == b->imm && a->flags == b->flags,
 		      "%s %d: plain (wr_id %lu st %d op %d len %u imm %x fl %x) vs ops (wr_id %lu st %d op %d len %u imm %x fl %x)",
@@ -190,6 +206,7 @@ static int child(int in, int out) {
 	/* Armed before the traffic: its first completion is an event on the channel. */
 	if (ibv_req_notify_cq(ibv_cq_ex_to_cq(cqx), 0)) return 14;
 	char c = 'r';
+	uint64_t t0 = now_ns();
 	if (write(out, &c, 1) != 1) return 15;
 	struct pollfd pfd = { .fd = chan->fd, .events = POLLIN };
 	CHECK(poll(&pfd, 1, 10000) == 1, "child: no event on the extended CQ's channel");
@@ -199,6 +216,10 @@ static int child(int in, int out) {
 	struct rec p[NRECV], x[NRECV];
 	CHECK(poll_plain(cq[0], p, NRECV) == NRECV, "child: plain receives");
 	CHECK(poll_ex(cqx, x, NRECV, NRECV - 4) == NRECV, "child: extended receives");
+	uint64_t t1 = now_ns();
+	for (int j = 0; j < NRECV - 4; j++)
+		CHECK(ts_ns(x[j].ts) >= t0 && ts_ns(x[j].ts) <= t1, "child: receive %d stamped %lu ns, not in [%lu, %lu]",
+		      j, (unsigned long)ts_ns(x[j].ts), (unsigned long)t0, (unsigned long)t1);
 	compare(p, x, NRECV, 1, my_qpn, peer.qpn);
 	/* The RDMA WRITEs (with immediate or not) landed, every byte. */
 	for (int k = 0; k < 2; k++)
@@ -225,6 +246,13 @@ static int open_dev(void) {
 	ibv_free_device_list(l);
 	if (!ctx) { fprintf(stderr, "open failed\n"); return 2; }
 	pd = ibv_alloc_pd(ctx);
+	/* The device clock the timestamps count in. */
+	struct ibv_device_attr_ex dx;
+	if (ibv_query_device_ex(ctx, NULL, &dx) || !dx.hca_core_clock || !dx.completion_timestamp_mask) {
+		fprintf(stderr, "no device clock: hca_core_clock %lu\n", (unsigned long)dx.hca_core_clock);
+		return 2;
+	}
+	clock_khz = dx.hca_core_clock;
 	return pd ? 0 : 2;
 }
 
@@ -241,12 +269,9 @@ int main(void) {
 	if (open_dev()) return 2;
 
 	/* Impossible or unsupported arguments: rdma-core's errno. */
-	struct ibv_cq_init_attr_ex ca = { .cqe = 16, .wc_flags = WC_FLAGS | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP };
+	struct ibv_cq_init_attr_ex ca = { .cqe = 16, .wc_flags = WC_FLAGS | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK };
 	errno = 0;
-	CHECK(ibv_create_cq_ex(ctx, &ca) == NULL && errno == EOPNOTSUPP, "timestamp (not kept): errno %d", errno);
-	struct ibv_device_attr_ex dx;
-	CHECK(ibv_query_device_ex(ctx, NULL, &dx) == 0 && dx.hca_core_clock == 0 && dx.completion_timestamp_mask == 0,
-	      "no device clock announced");
+	CHECK(ibv_create_cq_ex(ctx, &ca) == NULL && errno == EOPNOTSUPP, "wallclock: errno %d", errno);
 	ca.wc_flags = IBV_WC_EX_WITH_FLOW_TAG;
 	errno = 0;
 	CHECK(ibv_create_cq_ex(ctx, &ca) == NULL && errno == EOPNOTSUPP, "flow tag: errno %d", errno);
@@ -301,6 +326,7 @@ int main(void) {
 			w.opcode = i % 3 == 0 ? IBV_WR_SEND_WITH_IMM : i % 3 == 1 ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_WRITE_WITH_IMM;
 			w.imm_data = htonl(imm_of(i));
 			w.wr.rdma.remote_addr = peer.addr[k] + WRITE_AT + i * 256; w.wr.rdma.rkey = peer.rkey[k];
+			uint64_t t0 = now_ns();
 			CHECK(ibv_post_send(qp[k], &w, &bad) == 0, "post %d on pair %d", i, k);
 			/* One at a time: the source buffer is reused. */
 			struct rec r;
@@ -308,6 +334,9 @@ int main(void) {
 				CHECK(poll_plain(cq[0], &r, 1) == 1, "plain send completion %d", i);
 			} else {
 				CHECK(poll_ex(cqx, &r, 1, i < N - 6 ? 1 : 0) == 1, "extended send completion %d", i);
+				uint64_t t1 = now_ns();
+				CHECK(i >= N - 6 || (ts_ns(r.ts) >= t0 && ts_ns(r.ts) <= t1),
+				      "send %d stamped %lu ns, not in [%lu, %lu]", i, (unsigned long)ts_ns(r.ts), (unsigned long)t0, (unsigned long)t1);
 			}
 			static struct rec rec[2][N];
 			rec[k][i] = r;
