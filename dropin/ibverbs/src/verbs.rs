@@ -1,7 +1,8 @@
 //! The public verbs: every default-version export of IBVERBS_1.0 … IBVERBS_1.14, and the ops
 //! the header's inline functions dispatch through (`ibv_context.ops`: `poll_cq`,
 //! `req_notify_cq`, `post_send`, `post_recv`, `post_srq_recv`; `verbs_context`: `query_port`,
-//! `query_device_ex`, `create_qp_ex`; `ibv_qp_ex`: the `ibv_wr_*` post API).
+//! `query_device_ex`, `create_qp_ex`, `create_cq_ex` (cq_ex.rs); `ibv_qp_ex`: the `ibv_wr_*`
+//! post API).
 //!
 //! Our objects wrap the C struct a program sees as their first field (`#[repr(C)]`), so the
 //! pointer a program holds is the pointer to ours. What the program gives us is checked before
