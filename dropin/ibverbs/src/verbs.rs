@@ -848,7 +848,7 @@ fn wc_opcode(o: WcOpcode) -> c_int {
     }
 }
 
-pub(crate) fn to_ibv_wc(w: &Wc) -> ibv_wc {
+fn to_ibv_wc(w: &Wc) -> ibv_wc {
     let imm = if w.wc_flags.contains(WcFlags::WITH_IMM) {
         w.imm_data.to_be()
     } else {
