@@ -109,21 +109,22 @@ fn rc_pingpong_polling_and_events() {
 }
 
 /// `-t`: the CQ is an extended one with completion timestamps (ibv_create_cq_ex, start/next/
-/// end_poll, read_completion_ts), polled and on events; each end prints its receive completions'
-/// clock deltas, which exist only when every timestamped completion was parsed.
+/// end_poll, read_completion_ts); each end prints its receive completions' clock deltas, which
+/// exist only when every timestamped completion was parsed. Not with `-e`: rc_pingpong's `-t -e`
+/// loop takes ENOENT from the start_poll after an event for a failure, and a completion that
+/// arrives after its re-arm but is taken by that round's next_poll leaves exactly that event
+/// (legitimately: it came while armed); under load the run then fails, on any provider that
+/// raises that event as the verbs say (not checked on hardware).
 #[test]
 fn rc_pingpong_extended_cq_with_timestamps() {
-    for (extra, port) in [(&["-t"][..], 18606), (&["-t", "-e"][..], 18607)] {
-        let mut a = vec!["-g", "1", "-c", "-n", "200"];
-        a.extend(extra);
-        let (s, k) = pair("ibv_rc_pingpong", &a, port);
-        for o in [&s, &k] {
-            assert!(o.contains("200 iters in"), "{extra:?}: {o}");
-            assert!(
-                o.contains("Average receive completion clock cycles"),
-                "{extra:?}: {o}"
-            );
-        }
+    let (s, k) = pair(
+        "ibv_rc_pingpong",
+        &["-g", "1", "-c", "-n", "200", "-t"],
+        18606,
+    );
+    for o in [&s, &k] {
+        assert!(o.contains("200 iters in"), "{o}");
+        assert!(o.contains("Average receive completion clock cycles"), "{o}");
     }
 }
 
