@@ -651,11 +651,53 @@ pub struct ibv_cq {
     pub async_events_completed: u32,
 }
 
-/// Only its beginning, which is an `ibv_cq`: RoCEmu offers no `create_cq_ex` (the inline
-/// `ibv_create_cq_ex` answers EOPNOTSUPP).
+/// An `ibv_cq` (so the header's `ibv_cq_ex_to_cq` is a cast) and the extended poll API after
+/// it: `ibv_cq` is 128 bytes, 8-aligned, so `ex` begins right where the header's `comp_mask`
+/// does (tests/layout.rs checks each field).
 #[repr(C)]
 pub struct ibv_cq_ex {
     pub cq: ibv_cq,
+    pub ex: ibv_cq_ex_ops,
+}
+
+pub type Cx = *mut ibv_cq_ex;
+
+/// The fields of `struct ibv_cq_ex` after its `ibv_cq` ones: `wr_id` and `status` of the
+/// current completion, and the poll ops.
+#[repr(C)]
+pub struct ibv_cq_ex_ops {
+    pub comp_mask: u32,
+    pub status: c_int,
+    pub wr_id: u64,
+    pub start_poll: Option<unsafe extern "C" fn(Cx, *mut ibv_poll_cq_attr) -> c_int>,
+    pub next_poll: Option<unsafe extern "C" fn(Cx) -> c_int>,
+    pub end_poll: Option<unsafe extern "C" fn(Cx)>,
+    pub read_opcode: Option<unsafe extern "C" fn(Cx) -> c_int>,
+    pub read_vendor_err: Option<unsafe extern "C" fn(Cx) -> u32>,
+    pub read_byte_len: Option<unsafe extern "C" fn(Cx) -> u32>,
+    pub read_imm_data: Option<unsafe extern "C" fn(Cx) -> u32>,
+    pub read_qp_num: Option<unsafe extern "C" fn(Cx) -> u32>,
+    pub read_src_qp: Option<unsafe extern "C" fn(Cx) -> u32>,
+    pub read_wc_flags: Option<unsafe extern "C" fn(Cx) -> c_uint>,
+    pub read_slid: Option<unsafe extern "C" fn(Cx) -> u32>,
+    pub read_sl: Option<unsafe extern "C" fn(Cx) -> u8>,
+    pub read_dlid_path_bits: Option<unsafe extern "C" fn(Cx) -> u8>,
+    pub read_completion_ts: Option<unsafe extern "C" fn(Cx) -> u64>,
+    pub read_cvlan: Option<unsafe extern "C" fn(Cx) -> u16>,
+    pub read_flow_tag: Option<unsafe extern "C" fn(Cx) -> u32>,
+    pub read_tm_info: Option<unsafe extern "C" fn(Cx, *mut ibv_wc_tm_info)>,
+    pub read_completion_wallclock_ns: Option<unsafe extern "C" fn(Cx) -> u64>,
+}
+
+#[repr(C)]
+pub struct ibv_poll_cq_attr {
+    pub comp_mask: u32,
+}
+
+#[repr(C)]
+pub struct ibv_wc_tm_info {
+    pub tag: u64,
+    pub priv_: u32,
 }
 
 #[repr(C)]

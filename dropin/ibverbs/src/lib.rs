@@ -11,6 +11,7 @@
 //! compat.rs   rdma-core's pre-1.1 entry points (name@IBVERBS_1.0): ENOSYS
 //! private.rs  IBVERBS_PRIVATE_34 (the provider interface): ENOSYS, except what callers need to
 //!             load (verbs_register_driver_34 from libmlx5's and libefa's constructors)
+//! cq_ex.rs    ibv_create_cq_ex and the extended poll API (ibv_cq_ex's ops)
 //! wr.rs       the ibv_wr_* post API (ibv_qp_ex's ops), which perftest uses by default
 //! mem.rs      registering the program's memory with the core
 //! ffi.rs      errno, panics kept from crossing the FFI boundary, C strings
@@ -27,6 +28,7 @@
 //! anything but a checked verb on the sans-IO core.
 mod abi;
 mod compat;
+mod cq_ex;
 mod ffi;
 mod mem;
 mod nic;

@@ -1,7 +1,8 @@
 //! The public verbs: every default-version export of IBVERBS_1.0 … IBVERBS_1.14, and the ops
 //! the header's inline functions dispatch through (`ibv_context.ops`: `poll_cq`,
 //! `req_notify_cq`, `post_send`, `post_recv`, `post_srq_recv`; `verbs_context`: `query_port`,
-//! `query_device_ex`, `create_qp_ex`; `ibv_qp_ex`: the `ibv_wr_*` post API).
+//! `query_device_ex`, `create_qp_ex`, `create_cq_ex` (cq_ex.rs); `ibv_qp_ex`: the `ibv_wr_*`
+//! post API).
 //!
 //! Our objects wrap the C struct a program sees as their first field (`#[repr(C)]`), so the
 //! pointer a program holds is the pointer to ours. What the program gives us is checked before
@@ -55,12 +56,17 @@ pub struct Channel {
     pub q: Mutex<VecDeque<usize>>,
 }
 
+/// Every CQ is laid out as an `ibv_cq_ex` (`ibv` then `ex`), whichever verb made it, so that
+/// one type serves both and `ibv_destroy_cq` frees either; `ex` is zero (no ops) on a CQ of
+/// `ibv_create_cq` and filled by `ibv_create_cq_ex` (cq_ex.rs).
 #[repr(C)]
 pub struct Cq {
     pub ibv: ibv_cq,
+    pub ex: std::cell::UnsafeCell<ibv_cq_ex_ops>,
     pub id: CqId,
     /// The NIC's `progress` at which this CQ was last found empty (0: never).
     pub empty_at: AtomicU64,
+    pub poll: crate::cq_ex::PollState,
 }
 
 #[repr(C)]
@@ -198,6 +204,7 @@ pub extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_context {
         v.query_port = Some(query_port_op);
         v.query_device_ex = Some(query_device_ex_op);
         v.create_qp_ex = Some(create_qp_ex_op);
+        v.create_cq_ex = Some(crate::cq_ex::create_cq_ex_op);
         v.sz = size_of::<verbs_context>();
         let ctx = &mut v.context;
         ctx.device = dev;
@@ -312,6 +319,8 @@ unsafe extern "C" fn query_device_ex_op(
         let mut x: ibv_device_attr_ex = unsafe { zeroed() };
         x.orig_attr = device_attr(n, &a);
         x.phys_port_cnt_ex = 1;
+        x.completion_timestamp_mask = crate::cq_ex::COMPLETION_TIMESTAMP_MASK;
+        x.hca_core_clock = crate::cq_ex::HCA_CORE_CLOCK_KHZ;
         let len = size.min(size_of::<ibv_device_attr_ex>());
         // SAFETY: the caller's struct has `size` bytes; we write at most that many.
         unsafe { std::ptr::copy_nonoverlapping(&x as *const _ as *const u8, attr as *mut u8, len) };
@@ -782,8 +791,11 @@ pub extern "C" fn ibv_create_cq(
                 comp_events_completed: 0,
                 async_events_completed: 0,
             },
+            // SAFETY: plain data (integers, optional function pointers): zeroes are valid.
+            ex: unsafe { zeroed() },
             id,
             empty_at: AtomicU64::new(0),
+            poll: Default::default(),
         });
         let p = Box::into_raw(cq);
         g.cqs.insert(id.0, p as usize);
@@ -888,7 +900,7 @@ thread_local! {
     static EMPTY_POLLS: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
 }
 
-unsafe extern "C" fn poll_cq_op(cq: *mut ibv_cq, num: c_int, wc: *mut ibv_wc) -> c_int {
+pub(crate) unsafe extern "C" fn poll_cq_op(cq: *mut ibv_cq, num: c_int, wc: *mut ibv_wc) -> c_int {
     guard(-1, || {
         if cq.is_null() || num < 0 || (wc.is_null() && num > 0) {
             return -EINVAL;
