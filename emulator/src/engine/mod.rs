@@ -102,6 +102,9 @@ struct State {
     strategy: IdleStrategy,
     /// The RNIC's next timer as of the end of the last turn.
     deadline: Option<Nanos>,
+    /// Frames were left to send at the end of the last turn (the port refused them: a full
+    /// socket buffer): an idle wait also ends when the port can take more.
+    tx_backlog: bool,
     /// The next blocking wait's longest ([`IdleStrategy::Wake`]), and its cap.
     nap: Duration,
     nap_max: Duration,
@@ -142,6 +145,7 @@ impl Engine {
                 idle: 0,
                 strategy: IdleStrategy::default(),
                 deadline: None,
+                tx_backlog: false,
                 nap: WAKE_NAP_MIN,
                 nap_max: WAKE_NAP_MAX,
                 doorbell: None,
@@ -230,6 +234,7 @@ impl Engine {
         }
         // After transmitting: what was sent may have armed a retransmit timer.
         st.deadline = rnic.poll_timeout();
+        st.tx_backlog = !st.ctl.is_empty() || rnic.wants_transmit();
         work
     }
 
@@ -273,6 +278,11 @@ impl Engine {
             IdleStrategy::Backoff => st.backoff(),
             IdleStrategy::Wake => match self.port.wait_fd() {
                 Some(fd) => {
+                    // Frames the port still holds (the kernel refused them) are sent only by
+                    // a transmit burst: hand them over now, and wake when it can take them.
+                    if !self.port.flush() {
+                        st.tx_backlog = true;
+                    }
                     let now = Nanos(st.start.elapsed().as_nanos() as u64);
                     st.wait(fd, now);
                 }
@@ -461,7 +471,7 @@ impl State {
         }
         self.sleeps += 1;
         let fds = [fd, bell.map_or(-1, Doorbell::fd)];
-        if wake::wait_readable(&fds, t) & 0b10 != 0 {
+        if wake::wait_ready(&fds, self.tx_backlog, t) & 0b10 != 0 {
             if let Some(d) = bell {
                 d.clear();
             }

@@ -92,10 +92,10 @@ impl Doorbell {
     }
 }
 
-/// Blocks until one of `fds` is readable or `timeout` passes. Returns which were readable (a
-/// bit per index; none on timeout or an interrupted wait, which the caller treats alike: it
-/// turns the engine once more).
-pub(crate) fn wait_readable(fds: &[RawFd], timeout: Duration) -> u32 {
+/// Blocks until one of `fds` is readable (or, with `first_writable`, the first one is writable)
+/// or `timeout` passes. Returns which were ready (a bit per index; none on timeout or an
+/// interrupted wait, which the caller treats alike: it turns the engine once more).
+pub(crate) fn wait_ready(fds: &[RawFd], first_writable: bool, timeout: Duration) -> u32 {
     let mut set = [libc::pollfd {
         fd: -1,
         events: 0,
@@ -105,6 +105,9 @@ pub(crate) fn wait_readable(fds: &[RawFd], timeout: Duration) -> u32 {
     for (p, &fd) in set.iter_mut().zip(fds) {
         p.fd = fd;
         p.events = libc::POLLIN;
+    }
+    if first_writable {
+        set[0].events |= libc::POLLOUT;
     }
     let ts = libc::timespec {
         tv_sec: timeout.as_secs() as libc::time_t,
@@ -136,7 +139,7 @@ mod tests {
         d.ring();
         assert_eq!(d.rung(), 0);
         let t = Instant::now();
-        assert_eq!(wait_readable(&[d.fd()], Duration::from_millis(20)), 0);
+        assert_eq!(wait_ready(&[d.fd()], false, Duration::from_millis(20)), 0);
         assert!(t.elapsed() >= Duration::from_millis(15));
         // Asleep: a ring from another thread ends a 10 s wait.
         d.set_sleeping(true);
@@ -146,12 +149,15 @@ mod tests {
             d2.ring();
         });
         let t = Instant::now();
-        assert_eq!(wait_readable(&[-1, d.fd()], Duration::from_secs(10)), 0b10);
+        assert_eq!(
+            wait_ready(&[-1, d.fd()], false, Duration::from_secs(10)),
+            0b10
+        );
         assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
         h.join().unwrap();
         assert_eq!(d.rung(), 1);
         d.clear();
         // Cleared: waiting times out again.
-        assert_eq!(wait_readable(&[d.fd()], Duration::from_millis(1)), 0);
+        assert_eq!(wait_ready(&[d.fd()], false, Duration::from_millis(1)), 0);
     }
 }
