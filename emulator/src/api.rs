@@ -19,16 +19,49 @@
 //! assert_eq!(wc.status, WcStatus::Success);
 //! # let _ = pd; Ok(()) }
 //! ```
+use crate::engine::Doorbell;
 use crate::rnic::mr::MrInfo;
 use crate::rnic::*;
 use rocemu_wire::Qpn;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use tokio::sync::Notify;
 
 struct Shared {
     rnic: Mutex<Rnic>,
     /// Woken whenever the engine moved frames or served timers: completions may have arrived.
     progress: Notify,
+    /// The doorbell of the engine that drives the RNIC, when that engine sleeps while idle
+    /// ([`crate::engine::IdleStrategy::Wake`]): rung after every verb.
+    bell: OnceLock<Arc<Doorbell>>,
+}
+
+/// The RNIC locked by a verb: releasing it rings the engine's doorbell, if any.
+pub(crate) struct Locked<'a> {
+    g: Option<MutexGuard<'a, Rnic>>,
+    bell: Option<&'a Doorbell>,
+}
+
+impl std::ops::Deref for Locked<'_> {
+    type Target = Rnic;
+    fn deref(&self) -> &Rnic {
+        self.g.as_ref().expect("held until drop")
+    }
+}
+
+impl std::ops::DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut Rnic {
+        self.g.as_mut().expect("held until drop")
+    }
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        // Unlock first: the engine the ring wakes takes the lock next.
+        drop(self.g.take());
+        if let Some(b) = self.bell {
+            b.ring();
+        }
+    }
 }
 
 /// A RoCEmu device: cheap to clone, safe to share between threads and tasks.
@@ -49,13 +82,29 @@ impl Device {
             shared: Arc::new(Shared {
                 rnic: Mutex::new(rnic),
                 progress: Notify::new(),
+                bell: OnceLock::new(),
             }),
         }
     }
 
-    pub(crate) fn lock(&self) -> MutexGuard<'_, Rnic> {
+    pub(crate) fn lock(&self) -> Locked<'_> {
         // A panic while holding the lock leaves the RNIC as it was between two verbs.
+        Locked {
+            g: Some(self.shared.rnic.lock().unwrap_or_else(|p| p.into_inner())),
+            bell: self.shared.bell.get().map(|b| &**b),
+        }
+    }
+
+    /// For a verb that gives the RNIC no work (a query, polling a CQ, reading a region): no
+    /// doorbell, so that a program spinning on a CQ does not keep a sleeping engine awake.
+    /// The engine's own turn takes it too.
+    pub(crate) fn lock_quiet(&self) -> MutexGuard<'_, Rnic> {
         self.shared.rnic.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Verbs ring `bell` from now on (the engine driving this device sleeps while idle).
+    pub(crate) fn set_doorbell(&self, bell: Arc<Doorbell>) {
+        let _ = self.shared.bell.set(bell);
     }
 
     /// Runs `f` on the RNIC: any verb, synchronously.
@@ -65,7 +114,7 @@ impl Device {
 
     /// `ibv_query_device`.
     pub fn query_device(&self) -> DeviceAttr {
-        self.lock().query_device()
+        self.lock_quiet().query_device()
     }
     /// `ibv_alloc_pd`.
     pub fn alloc_pd(&self) -> PdId {
@@ -99,7 +148,7 @@ impl Device {
     }
     /// `ibv_query_qp`.
     pub fn query_qp(&self, qpn: Qpn) -> Result<QpAttr, VerbsError> {
-        self.lock().query_qp(qpn)
+        self.lock_quiet().query_qp(qpn)
     }
     /// `ibv_post_send`.
     pub fn post_send(&self, qpn: Qpn, wr: SendWr) -> Result<(), VerbsError> {
@@ -111,11 +160,11 @@ impl Device {
     }
     /// `ibv_poll_cq`: whatever is there now, without waiting.
     pub fn poll_cq(&self, cq: CqId, max: usize) -> Vec<Wc> {
-        self.lock().poll_cq(cq, max)
+        self.lock_quiet().poll_cq(cq, max)
     }
     /// Copies bytes out of a registered region (owned or foreign), `offset` bytes in.
     pub fn read_mr(&self, lkey: u32, offset: usize, out: &mut [u8]) -> Result<(), VerbsError> {
-        self.lock().mr_read(lkey, offset as u64, out)
+        self.lock_quiet().mr_read(lkey, offset as u64, out)
     }
     /// Copies bytes into a registered region (owned or foreign), `offset` bytes in.
     pub fn write_mr(&self, lkey: u32, offset: usize, data: &[u8]) -> Result<(), VerbsError> {
@@ -124,12 +173,12 @@ impl Device {
 
     /// `ibv_get_async_event` without blocking: the oldest event not yet taken.
     pub fn poll_async_event(&self) -> Option<AsyncEvent> {
-        self.lock().poll_async_event()
+        self.lock_quiet().poll_async_event()
     }
 
     /// `ibv_get_async_event` without blocking, all at once: appends every event not yet taken.
     pub fn take_async_events(&self, out: &mut Vec<AsyncEvent>) {
-        self.lock().take_async_events(out)
+        self.lock_quiet().take_async_events(out)
     }
 
     /// Waits for the next completion on `cq` (an awaitable `ibv_poll_cq`). Fails when the CQ
@@ -140,7 +189,7 @@ impl Device {
             // Registered before looking, so that a completion between the look and the wait
             // still wakes this task.
             let woken = self.shared.progress.notified();
-            if self.lock().try_poll_cq(cq, 1, &mut v)? > 0 {
+            if self.lock_quiet().try_poll_cq(cq, 1, &mut v)? > 0 {
                 if let Some(wc) = v.pop() {
                     return Ok(wc);
                 }
@@ -154,7 +203,7 @@ impl Device {
         let mut v = Vec::with_capacity(n);
         while v.len() < n {
             let woken = self.shared.progress.notified();
-            let got = self.lock().try_poll_cq(cq, n - v.len(), &mut v)?;
+            let got = self.lock_quiet().try_poll_cq(cq, n - v.len(), &mut v)?;
             if got == 0 {
                 woken.await;
             }

@@ -14,7 +14,8 @@
 //! * [`api`] is the shareable [`api::Device`] for applications; [`cm`] the IB CM over QP1.
 //! * [`dma`] reads and writes memory the RNIC does not own (a program's buffer registered with
 //!   [`rnic::Rnic::reg_mr_foreign`]), bounds-checked, through raw pointers only.
-// Unsafe code only where a kernel interface demands it (`port::af_packet`) and in the one module
+// Unsafe code only where a kernel interface demands it (`port::af_packet`, `engine::wake`: eventfd
+// and ppoll) and in the one module
 // that touches a program's memory (`dma`); the core forbids it.
 #![deny(unsafe_code)]
 

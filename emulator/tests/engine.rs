@@ -422,3 +422,148 @@ fn spawn_with_runs_the_hook_after_every_turn_where_cq_events_are_drained() {
     assert_eq!(dev_b.poll_cq(cq_b, 4).len(), 2);
     drop(hb);
 }
+
+/// A port over one end of a Unix datagram socket pair: a descriptor that `poll(2)` reports
+/// readable when a frame is waiting, as a packet socket's is.
+struct SocketPort {
+    sock: std::os::unix::net::UnixDatagram,
+    mac: Mac,
+    buf: Vec<u8>,
+}
+
+impl Port for SocketPort {
+    fn rx_burst(&mut self, max: usize, f: &mut dyn FnMut(&mut [u8])) -> usize {
+        let mut n = 0;
+        while n < max {
+            let Ok(len) = self.sock.recv(&mut self.buf) else {
+                break;
+            };
+            f(&mut self.buf[..len]);
+            n += 1;
+        }
+        n
+    }
+    fn tx_burst(&mut self, max: usize, fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>) -> usize {
+        let mut n = 0;
+        let mut b = vec![0u8; 1518];
+        while n < max {
+            let Some(len) = fill(&mut b) else { break };
+            self.sock
+                .send(&b[..len])
+                .expect("the peer's socket takes it");
+            n += 1;
+        }
+        n
+    }
+    fn mac(&self) -> Mac {
+        self.mac
+    }
+    fn frame_capacity(&self) -> usize {
+        1518
+    }
+    fn stats(&self) -> rocemu_emulator::port::PortStats {
+        Default::default()
+    }
+    fn name(&self) -> String {
+        "socketpair".into()
+    }
+    fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        Some(self.sock.as_raw_fd())
+    }
+}
+
+/// Two threaded engines that sleep when idle (`IdleStrategy::Wake`) with naps of up to a minute:
+/// a send ping-pong posted from the test's thread only moves if a verb's doorbell wakes the
+/// sending engine and the frame wakes the receiving one. Between round trips both engines go
+/// to sleep; a wake-up that does not happen stalls a round trip until a timer (the requester's
+/// ACK timeout) or the nap ends.
+#[test]
+fn sleeping_engines_wake_on_frames_and_on_the_doorbell() {
+    use rocemu_emulator::engine::IdleStrategy;
+    let (sa, sb) = std::os::unix::net::UnixDatagram::pair().unwrap();
+    let mk = |sock: std::os::unix::net::UnixDatagram, mac| {
+        sock.set_nonblocking(true).unwrap();
+        let mut e = Engine::new(Box::new(SocketPort {
+            sock,
+            mac,
+            buf: vec![0; 1518],
+        }));
+        e.set_idle_strategy(IdleStrategy::Wake);
+        e.set_wake_nap_max(Duration::from_secs(60));
+        e
+    };
+    let (ea, eb) = (mk(sa, MAC_A), mk(sb, MAC_B));
+    let (mut ra, mut rb) = (rnic(MAC_A, 1), rnic(MAC_B, 2));
+    let end = |r: &mut Rnic| {
+        let pd = r.alloc_pd();
+        let cq = r.create_cq(16).unwrap();
+        let mr = r.reg_mr(pd, 4096, Access::LOCAL_WRITE).unwrap();
+        let qp = r.create_qp(pd, QpInitAttr::new(QpType::Rc, cq)).unwrap();
+        (cq, mr, qp)
+    };
+    let (cq_a, mr_a, qa) = end(&mut ra);
+    let (cq_b, mr_b, qb) = end(&mut rb);
+    ra.set_neighbor(ips(2)[0], MAC_B);
+    rb.set_neighbor(ips(1)[0], MAC_A);
+    let o = ConnectOpts::default();
+    bring_up(&mut ra, qa, qb, ips(2)[0], Psn::new(1), Psn::new(2), &o).unwrap();
+    bring_up(&mut rb, qb, qa, ips(1)[0], Psn::new(2), Psn::new(1), &o).unwrap();
+    let (dev_a, dev_b) = (Device::new(ra), Device::new(rb));
+    let (ha, hb) = (ea.spawn(dev_a.clone()), eb.spawn(dev_b.clone()));
+    let sge = |mr: &rocemu_emulator::rnic::mr::MrInfo| Sge {
+        addr: mr.addr,
+        length: 64,
+        lkey: mr.lkey,
+    };
+    let recv = |d: &Device, qp, mr| {
+        d.post_recv(
+            qp,
+            RecvWr {
+                wr_id: 7,
+                sg_list: vec![sge(mr)],
+            },
+        )
+        .unwrap()
+    };
+    // Waits for one completion; a stall shows as a slow round trip.
+    let wait = |d: &Device, cq| loop {
+        if let Some(wc) = d.poll_cq(cq, 1).pop() {
+            assert_eq!(wc.status, WcStatus::Success);
+            return;
+        }
+        std::thread::sleep(Duration::from_micros(100));
+    };
+    let mut rtts = Vec::new();
+    for _ in 0..10 {
+        recv(&dev_b, qb, &mr_b);
+        recv(&dev_a, qa, &mr_a);
+        // Both engines idle long enough to block, their naps doubling from 50 µs: 130 ms in,
+        // each is in a nap that began at ~102 ms and ends at ~205 ms.
+        std::thread::sleep(Duration::from_millis(130));
+        let t = std::time::Instant::now();
+        dev_a
+            .post_send(qa, SendWr::new(1, WrOpcode::Send, vec![sge(&mr_a)]))
+            .unwrap();
+        wait(&dev_b, cq_b);
+        dev_b
+            .post_send(qb, SendWr::new(2, WrOpcode::Send, vec![sge(&mr_b)]))
+            .unwrap();
+        wait(&dev_a, cq_a);
+        wait(&dev_a, cq_a);
+        wait(&dev_b, cq_b);
+        rtts.push(t.elapsed());
+    }
+    let (ea, eb) = (ha.stop().unwrap(), hb.stop().unwrap());
+    rtts.sort();
+    // A missed doorbell waits for the current nap to end (~100 ms on average); a missed frame
+    // wake-up for the nap or the requester's ACK timeout (local_ack_timeout 14: ~67 ms).
+    assert!(rtts[5] < Duration::from_millis(20), "median {:?}", rtts[5]);
+    assert!(rtts[9] < Duration::from_secs(2), "slowest {:?}", rtts[9]);
+    assert!(
+        ea.sleeps() >= 10 && eb.sleeps() >= 10,
+        "the engines blocked: {} {}",
+        ea.sleeps(),
+        eb.sleeps()
+    );
+}

@@ -4,8 +4,10 @@
 //!
 //! Configuration: `ROCEMU_DEV` (`af_packet:IFACE`, or `dpdk:'EAL ARGS'` with the feature `dpdk`),
 //! `ROCEMU_IP` (the address: GID index 1), `ROCEMU_MAC` (default: the interface's),
-//! `ROCEMU_NAME` (default `rocemu0`), and `ROCEMU_IDLE=busy` for an engine thread that spins
-//! rather than backs off when idle. `rocemu exec` sets them. Without `ROCEMU_DEV` the list is
+//! `ROCEMU_NAME` (default `rocemu0`), and `ROCEMU_IDLE` for what the engine thread does when
+//! idle: by default it sleeps until a frame, a verb's doorbell or a timer wakes it
+//! ([`IdleStrategy::Wake`]; on a port with no descriptor to sleep on, DPDK's, it backs off);
+//! `busy` spins, `backoff` polls with backoff (for comparison). `rocemu exec` sets them. Without `ROCEMU_DEV` the list is
 //! empty and one line on stderr says how to configure; a bad value is one clear line and no
 //! device.
 //!
@@ -16,12 +18,17 @@
 //! verb waiting for it makes the engine thread step aside before its next turn (`waiting`), so
 //! that a thread polling a CQ is not starved by a spinning engine.
 //!
+//! Doorbell: every verb but `ibv_poll_cq` takes the lock through [`Nic::lock`], whose guard
+//! rings the engine's [`Doorbell`] when it is released (one atomic load while the engine is
+//! awake): what the verb gave the RNIC (a send or receive posted, a QP moved to RTS, a CQ
+//! armed) is served at once rather than when the engine's nap ends.
+//!
 //! Invariant: the RNIC is only touched with `inner` locked; every object pointer kept in
 //! `Inner`'s maps is a live object of ours (inserted at create, removed at destroy, both under
 //! the lock).
 use crate::abi::*;
 use crate::ffi::copy_cstr;
-use rocemu_emulator::engine::{Engine, IdleStrategy};
+use rocemu_emulator::engine::{Doorbell, Engine, IdleStrategy};
 use rocemu_emulator::port::open::{open_datapath, OpenedPort};
 use rocemu_emulator::port::Port;
 use rocemu_emulator::rng::Seed;
@@ -29,7 +36,7 @@ use rocemu_emulator::rnic::{AsyncEvent, CqId, Mac, Rnic, RnicConfig, Wc};
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, Ipv6Addr};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 /// GIDs per port: 0 the link-local IPv6 address from the MAC, 1 the configured address.
@@ -204,6 +211,8 @@ pub struct Nic {
     pub progress: AtomicU64,
     /// Addresses a verb waits to know the MAC of.
     want: Mutex<Vec<IpAddr>>,
+    /// Wakes the engine thread when it sleeps.
+    bell: Arc<Doorbell>,
     pub mac: Mac,
     /// GID index i is `ips[i]`.
     pub ips: Vec<IpAddr>,
@@ -243,12 +252,43 @@ pub fn guid_of(mac: Mac) -> u64 {
     u64::from_be_bytes([m[0] ^ 2, m[1], m[2], 0xff, 0xfe, m[3], m[4], m[5]])
 }
 
+/// The RNIC locked by a verb that may give it work: releasing it rings the engine's doorbell.
+pub struct Locked<'a> {
+    g: Option<MutexGuard<'a, Inner>>,
+    bell: &'a Doorbell,
+}
+
+impl std::ops::Deref for Locked<'_> {
+    type Target = Inner;
+    fn deref(&self) -> &Inner {
+        self.g.as_ref().expect("held until drop")
+    }
+}
+
+impl std::ops::DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut Inner {
+        self.g.as_mut().expect("held until drop")
+    }
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        // Unlock first: the engine woken by the ring takes the lock next.
+        drop(self.g.take());
+        self.bell.ring();
+    }
+}
+
 impl Nic {
-    /// The lock, ahead of the engine's next turn, for a verb that may change what a CQ holds.
-    pub fn lock(&self) -> MutexGuard<'_, Inner> {
+    /// The lock, ahead of the engine's next turn, for a verb that may change what a CQ holds or
+    /// give the RNIC work: the engine is woken when it is released.
+    pub fn lock(&self) -> Locked<'_> {
         let g = self.lock_to_poll();
         self.progress.fetch_add(1, Ordering::SeqCst);
-        g
+        Locked {
+            g: Some(g),
+            bell: &self.bell,
+        }
     }
 
     /// The lock, for `ibv_poll_cq` (which only takes from CQs: no new generation).
@@ -273,6 +313,7 @@ impl Nic {
             }
             if !asked {
                 self.want.lock().unwrap_or_else(|p| p.into_inner()).push(ip);
+                self.bell.ring();
                 asked = true;
             }
             std::thread::sleep(Duration::from_millis(1));
@@ -368,14 +409,21 @@ fn start() -> Result<&'static Nic, String> {
     let eth_mtu = port.mtu();
     let rnic = Rnic::new(rc);
     let mut engine = Engine::new(port);
-    // Backoff unless told to spin: the program's own threads spin on their CQs, and a spinning
-    // engine beside them on a machine with fewer free cores than spinning threads starves them
-    // (ibv_rc_pingpong on two shared cores: 155 µs per iteration with backoff, 5.7 ms
-    // spinning). ROCEMU_IDLE=busy spins, as `rocemu perf` does, for one core per engine.
+    // Sleep when idle unless told to spin: the program's own threads spin on their CQs (or on
+    // memory, as ib_write_lat does, without calling us), and a spinning engine beside them on a
+    // machine with fewer free cores than spinning threads starves them (ibv_rc_pingpong on two
+    // shared cores: 155 µs per iteration with backoff, 5.7 ms spinning); a polling backoff
+    // delays a frame that comes while it sleeps or has yielded its core (ib_write_lat: ~2 ms).
+    // Woken by the port's descriptor and the verbs' doorbell, the engine runs exactly when
+    // there is work. ROCEMU_IDLE=busy spins, as `rocemu perf` does, for one core per engine.
     engine.set_idle_strategy(match std::env::var("ROCEMU_IDLE").as_deref() {
         Ok("busy") => IdleStrategy::BusyPoll,
-        _ => IdleStrategy::Backoff,
+        Ok("backoff") => IdleStrategy::Backoff,
+        _ => IdleStrategy::Wake,
     });
+    let bell = engine
+        .doorbell()
+        .map_err(|e| format!("eventfd (the engine's doorbell): {e}"))?;
     // SAFETY: eventfd takes no pointers; the descriptor is ours for the life of the process.
     let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_SEMAPHORE) };
     if efd < 0 {
@@ -395,6 +443,7 @@ fn start() -> Result<&'static Nic, String> {
         waiting: AtomicUsize::new(0),
         progress: AtomicU64::new(1),
         want: Mutex::new(Vec::new()),
+        bell,
         mac,
         ips,
         eth_mtu,

@@ -16,6 +16,7 @@
 //! * The RNIC answers ARP and ND for its own addresses with its own MAC (with DPDK the kernel
 //!   no longer sees the port, so nobody else will).
 pub mod neighbors;
+pub mod wake;
 
 use crate::api::Device;
 use crate::port::{Port, PortStats, BURST};
@@ -34,6 +35,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+pub use wake::Doorbell;
 
 /// Answers (ARP / ND) waiting for the transmit burst; more than this in one go is a storm.
 const CTL_QUEUE: usize = 256;
@@ -48,7 +50,24 @@ pub enum IdleStrategy {
     /// Spin a little, then yield, then sleep 50 µs at a time.
     #[default]
     Backoff,
+    /// Spin a little ([`WAKE_SPIN_TURNS`]), then block in `ppoll(2)` on the port's descriptor
+    /// ([`Port::wait_fd`]) and the engine's [`Doorbell`] until a frame arrives, the doorbell
+    /// rings or the RNIC's next timer is due (at most the current nap, [`WAKE_NAP_MIN`] doubling
+    /// to [`WAKE_NAP_MAX`]). A port without a descriptor falls back to [`IdleStrategy::Backoff`].
+    /// Work posted from another thread than the engine's must ring the doorbell
+    /// ([`Engine::doorbell`]).
+    Wake,
 }
+
+/// Empty turns an engine with [`IdleStrategy::Wake`] spins before it blocks: a reply that comes
+/// within them costs no wake-up, and they are few, because on a machine with fewer free cores
+/// than spinning threads every spinning turn is taken from a program's thread.
+pub const WAKE_SPIN_TURNS: u32 = 16;
+/// The first nap of a blocked [`IdleStrategy::Wake`] engine with no timer due sooner.
+pub const WAKE_NAP_MIN: Duration = Duration::from_micros(50);
+/// The longest: every source of work wakes the engine before, so this only bounds how late a
+/// source that does not (a missed ring: a bug) is served, at up to 1000 empty turns a second.
+pub const WAKE_NAP_MAX: Duration = Duration::from_millis(1);
 
 /// The engine's own counters (the port and the RNIC keep theirs).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -81,6 +100,17 @@ struct State {
     asking: Vec<IpAddr>,
     idle: u32,
     strategy: IdleStrategy,
+    /// The RNIC's next timer as of the end of the last turn.
+    deadline: Option<Nanos>,
+    /// Frames were left to send at the end of the last turn (the port refused them: a full
+    /// socket buffer): an idle wait also ends when the port can take more.
+    tx_backlog: bool,
+    /// The next blocking wait's longest ([`IdleStrategy::Wake`]), and its cap.
+    nap: Duration,
+    nap_max: Duration,
+    doorbell: Option<Arc<Doorbell>>,
+    /// Waits that blocked ([`IdleStrategy::Wake`]).
+    sleeps: u64,
 }
 
 /// One RNIC bound to one port.
@@ -114,6 +144,12 @@ impl Engine {
                 asking: Vec::new(),
                 idle: 0,
                 strategy: IdleStrategy::default(),
+                deadline: None,
+                tx_backlog: false,
+                nap: WAKE_NAP_MIN,
+                nap_max: WAKE_NAP_MAX,
+                doorbell: None,
+                sleeps: 0,
             },
         }
     }
@@ -136,6 +172,28 @@ impl Engine {
 
     pub fn set_idle_strategy(&mut self, s: IdleStrategy) {
         self.st.strategy = s;
+    }
+
+    /// The doorbell that wakes this engine from an [`IdleStrategy::Wake`] wait: ring it after
+    /// giving the RNIC work from another thread (made at the first call, then shared).
+    pub fn doorbell(&mut self) -> std::io::Result<Arc<Doorbell>> {
+        if let Some(d) = &self.st.doorbell {
+            return Ok(d.clone());
+        }
+        let d = Arc::new(Doorbell::new()?);
+        self.st.doorbell = Some(d.clone());
+        Ok(d)
+    }
+
+    /// Sets the longest idle wait of [`IdleStrategy::Wake`] (default [`WAKE_NAP_MAX`]). A test
+    /// sets it long, so that a wake-up that did not happen shows as a stall.
+    pub fn set_wake_nap_max(&mut self, d: Duration) {
+        self.st.nap_max = d.max(WAKE_NAP_MIN);
+    }
+
+    /// How many idle waits blocked in `ppoll(2)` ([`IdleStrategy::Wake`]).
+    pub fn sleeps(&self) -> u64 {
+        self.st.sleeps
     }
 
     /// The engine's clock: monotonic nanoseconds since it was created.
@@ -174,6 +232,9 @@ impl Engine {
                 .port
                 .tx_burst(BURST, &mut |buf| st.transmit(rnic, now, buf));
         }
+        // After transmitting: what was sent may have armed a retransmit timer.
+        st.deadline = rnic.poll_timeout();
+        st.tx_backlog = !st.ctl.is_empty() || rnic.wants_transmit();
         work
     }
 
@@ -197,19 +258,36 @@ impl Engine {
         }
     }
 
-    /// Applies the idle strategy after a turn that did `work`.
+    /// Applies the idle strategy after a turn that did `work` (the turn being the last
+    /// [`Engine::poll`]: its view of the RNIC's timers is what a wait is bounded by).
     pub fn idle(&mut self, work: usize) {
+        let st = &mut self.st;
         if work > 0 {
-            self.st.idle = 0;
+            st.idle = 0;
+            st.nap = WAKE_NAP_MIN;
+            if let Some(d) = &st.doorbell {
+                if d.is_sleeping() {
+                    d.set_sleeping(false);
+                }
+            }
             return;
         }
-        self.st.idle = self.st.idle.saturating_add(1);
-        if self.st.strategy == IdleStrategy::Backoff {
-            if self.st.idle > 2000 {
-                std::thread::sleep(Duration::from_micros(50));
-            } else if self.st.idle > 200 {
-                std::thread::yield_now();
-            }
+        st.idle = st.idle.saturating_add(1);
+        match st.strategy {
+            IdleStrategy::BusyPoll => {}
+            IdleStrategy::Backoff => st.backoff(),
+            IdleStrategy::Wake => match self.port.wait_fd() {
+                Some(fd) => {
+                    // Frames the port still holds (the kernel refused them) are sent only by
+                    // a transmit burst: hand them over now, and wake when it can take them.
+                    if !self.port.flush() {
+                        st.tx_backlog = true;
+                    }
+                    let now = Nanos(st.start.elapsed().as_nanos() as u64);
+                    st.wait(fd, now);
+                }
+                None => st.backoff(),
+            },
         }
     }
 
@@ -294,15 +372,21 @@ impl Engine {
     ) -> EngineHandle {
         let stop = Arc::new(AtomicBool::new(false));
         let s = stop.clone();
+        if self.st.strategy == IdleStrategy::Wake {
+            if let Ok(b) = self.doorbell() {
+                dev.set_doorbell(b);
+            }
+        }
         let thread = std::thread::Builder::new()
             .name("rocemu-engine".into())
             .spawn(move || {
                 while !s.load(Ordering::Relaxed) {
-                    let w = dev.with(|r| {
-                        let w = self.poll(r);
-                        hook(r);
+                    let w = {
+                        let mut r = dev.lock_quiet();
+                        let w = self.poll(&mut r);
+                        hook(&mut r);
                         w
-                    });
+                    };
                     if w > 0 {
                         dev.wake();
                     }
@@ -351,6 +435,50 @@ impl Drop for EngineHandle {
 }
 
 impl State {
+    /// Spin 200 empty turns, yield for 1800, then sleep 50 µs at a time: for ports with no
+    /// descriptor to wait on (a DPDK PMD polls a ring). The spin catches a quick reply for the
+    /// price of a few hundred µs of one core; the sleep bounds what a frame arriving during it
+    /// waits (50 µs plus the kernel's timer slack) while an idle engine turns at most ~10000
+    /// times a second.
+    fn backoff(&mut self) {
+        if self.idle > 2000 {
+            std::thread::sleep(Duration::from_micros(50));
+        } else if self.idle > 200 {
+            std::thread::yield_now();
+        }
+    }
+
+    /// [`IdleStrategy::Wake`] after an empty turn, at `now`, on the port's descriptor `fd`.
+    fn wait(&mut self, fd: std::os::fd::RawFd, now: Nanos) {
+        if self.idle <= WAKE_SPIN_TURNS {
+            return;
+        }
+        let bell = self.doorbell.as_deref();
+        if let Some(d) = bell {
+            if !d.is_sleeping() {
+                // Announce the sleep before one more turn: work posted after that turn's
+                // look at the RNIC rings the bell (module `wake`).
+                d.set_sleeping(true);
+                return;
+            }
+        }
+        let mut t = self.nap;
+        if let Some(d) = self.deadline {
+            t = t.min(Duration::from_nanos(d.0.saturating_sub(now.0)));
+        }
+        if t.is_zero() {
+            return;
+        }
+        self.sleeps += 1;
+        let fds = [fd, bell.map_or(-1, Doorbell::fd)];
+        if wake::wait_ready(&fds, self.tx_backlog, t) & 0b10 != 0 {
+            if let Some(d) = bell {
+                d.clear();
+            }
+        }
+        self.nap = (self.nap * 2).min(self.nap_max);
+    }
+
     fn capture(&mut self, now: Nanos, f: &[u8]) {
         if let Some(w) = self.pcap.as_mut() {
             if w.write(self.epoch + Duration::from_nanos(now.0), f)

@@ -574,6 +574,11 @@ impl Port for AfPacketPort {
     fn name(&self) -> String {
         format!("af_packet:{}", self.ifname)
     }
+
+    /// The socket itself: readable when a frame that passed the filter is queued.
+    fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
+        Some(self.fd.as_raw_fd())
+    }
 }
 
 /// Keeps the kernel from answering RoCEv2 datagrams to its own addresses with ICMP port

@@ -169,6 +169,16 @@ impl Port for ImpairedPort {
         self.inner.mac()
     }
 
+    /// The inner port's, while nothing is held: held frames come due by turns, so an engine
+    /// holding some must keep turning.
+    fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
+        if self.held_rx.is_empty() && self.held_tx.is_empty() {
+            self.inner.wait_fd()
+        } else {
+            None
+        }
+    }
+
     fn frame_capacity(&self) -> usize {
         self.inner.frame_capacity()
     }

@@ -17,6 +17,7 @@ pub mod pipe;
 
 use rocemu_wire::eth::Mac;
 use std::fmt;
+use std::os::fd::RawFd;
 
 /// Frames in a burst, as DPDK's applications use (`rte_eth_rx_burst` with 32).
 pub const BURST: usize = 32;
@@ -79,4 +80,13 @@ pub trait Port {
 
     /// A name for messages (`af_packet:veth0`, `dpdk:net_memif0`).
     fn name(&self) -> String;
+
+    /// A file descriptor that `poll(2)` reports readable when a frame is waiting for
+    /// [`Port::rx_burst`], so that an idle engine can sleep until one comes (a packet socket's
+    /// own descriptor). `None` (the default): the port has no such thing (a DPDK poll-mode
+    /// driver, an in-memory pipe, a port that delays frames by turns) and an idle engine must
+    /// poll it.
+    fn wait_fd(&self) -> Option<RawFd> {
+        None
+    }
 }
