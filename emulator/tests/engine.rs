@@ -521,7 +521,7 @@ fn sleeping_engines_wake_on_frames_and_on_the_doorbell() {
             qp,
             RecvWr {
                 wr_id: 7,
-                sg_list: vec![sge(mr)],
+                sg_list: [sge(mr)].into(),
             },
         )
         .unwrap()

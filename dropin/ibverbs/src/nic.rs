@@ -558,13 +558,17 @@ fn run(
                     true
                 });
             }
+            // Progress moves inside the lock and before a completion channel hears of it: a
+            // program woken by the event must not poll the CQ's "still empty" shortcut with
+            // the count of before the completion (it would see nothing, re-arm and wait for
+            // an event that never comes).
+            if w > 0 {
+                nic.progress.fetch_add(1, Ordering::SeqCst);
+            }
             deliver_async_events(nic, g);
             crate::verbs::deliver_cq_events(g);
             w
         };
-        if w > 0 {
-            nic.progress.fetch_add(1, Ordering::SeqCst);
-        }
         engine.idle(w);
     }
 }
