@@ -372,16 +372,50 @@ fn open_dpdk(args: &str) -> Result<Box<dyn Port + Send>, String> {
     }
 }
 
+/// Starts the engine thread, which opens the datapath and makes the RNIC; returns once the
+/// datapath is open (or would not open).
+///
+/// The datapath opens on the engine thread, not on the program's: DPDK makes the thread that
+/// initialises the EAL its main lcore, and only an lcore has a per-lcore mempool cache. A
+/// plain thread (the engine, had the program's thread initialised the EAL) takes and returns
+/// every mbuf through the pool's shared ring, with atomics (ib_write_bw -s 64 over memif:
+/// `librte_mempool_ring` 7.5 % of the client's samples, none in `rocemu perf`'s client, whose
+/// engine runs on the EAL's main thread).
 fn start() -> Result<&'static Nic, String> {
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    std::thread::Builder::new()
+        .name("rocemu-engine".into())
+        .spawn(move || match open_nic() {
+            Ok((nic, engine, guard)) => {
+                let _ = tx.send(Ok(nic));
+                run(nic, engine, guard)
+            }
+            Err(e) => {
+                let _ = tx.send(Err(e));
+            }
+        })
+        .map_err(|e| format!("cannot start the engine thread: {e}"))?;
+    rx.recv()
+        .unwrap_or_else(|_| Err("the engine thread ended before the datapath opened".into()))
+}
+
+type Opened = (
+    &'static Nic,
+    Engine,
+    Option<rocemu_emulator::port::af_packet::KernelGuard>,
+);
+
+/// On the engine thread: the datapath, the RNIC and its engine.
+fn open_nic() -> Result<Opened, String> {
     let cfg = config().ok_or("no device configured")?;
     let mut addrs = vec![cfg.ip];
     if let Some(m) = cfg.known_mac {
         addrs.insert(0, link_local(m));
     }
-    // DPDK's EAL pins the thread that initialises it (the program's, here) to one core, and
-    // threads it starts later inherit that: the program's own threads and our engine thread
-    // would share one core (ib_write_bw -s 64 over memif: 0.027 Mpps). Give the program its
-    // CPU set back; the engine thread, spawned after, inherits that.
+    // DPDK's EAL pins the thread that initialises it (the engine thread, here) to one core;
+    // the program's threads inherit nothing from it. Keep the engine on the program's CPU set
+    // as before, so that it is not confined to one core with a program thread
+    // (ib_write_bw -s 64 over memif: 0.027 Mpps when it was).
     let cpus = affinity();
     let opened = open_datapath(
         "ROCEMU_DEV",
@@ -450,11 +484,7 @@ fn start() -> Result<&'static Nic, String> {
         async_efd: efd,
         node_guid: guid_of(mac),
     }));
-    std::thread::Builder::new()
-        .name("rocemu-engine".into())
-        .spawn(move || run(nic, engine, guard))
-        .map_err(|e| format!("cannot start the engine thread: {e}"))?;
-    Ok(nic)
+    Ok((nic, engine, guard))
 }
 
 /// The core's asynchronous events, as the program will see them, to the async eventfd.
