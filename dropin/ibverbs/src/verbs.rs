@@ -116,6 +116,34 @@ macro_rules! try_errno {
     };
 }
 
+/// What every `ibv_destroy_*` / `ibv_dealloc_pd` / `ibv_dereg_mr` does around its own part:
+/// EINVAL for NULL; under the RNIC's lock, `undo` takes the object out of the core and our
+/// tables, or refuses with an errno (EBUSY while in use) and changes nothing; then, the lock
+/// released, the object's memory is given back.
+///
+/// # Safety
+///
+/// `obj` is NULL or a `Box<T>` this library handed to the program as the object, not given back
+/// yet (the verbs' contract: a destroyed object is not used again).
+unsafe fn destroy<T>(obj: *mut T, undo: impl FnOnce(&mut Inner, &T) -> Result<(), c_int>) -> c_int {
+    guard(EINVAL, || {
+        if obj.is_null() {
+            return EINVAL;
+        }
+        let n = try_errno!(the_nic());
+        let mut g = n.lock();
+        // SAFETY: a live object of ours (the caller's contract).
+        if let Err(e) = undo(&mut g, unsafe { &*obj }) {
+            return e;
+        }
+        drop(g);
+        // SAFETY: a Box of ours, given back once: `undo` took it out of everything that
+        // referred to it.
+        drop(unsafe { Box::from_raw(obj) });
+        0
+    })
+}
+
 macro_rules! try_null {
     ($e:expr) => {
         match $e {
@@ -551,27 +579,17 @@ pub extern "C" fn ibv_alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
 }
 
 pub extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
-    guard(EINVAL, || {
-        if pd.is_null() {
-            return EINVAL;
-        }
-        let n = try_errno!(the_nic());
-        let mut g = n.lock();
-        // SAFETY: a PD of ours.
-        let p = unsafe { &*(pd as *mut Pd) };
-        // As the kernel: EBUSY while an object of the PD lives (its MRs, QPs and SRQs the core
-        // knows; its AHs we count).
-        if p.ahs.load(Ordering::Relaxed) > 0 {
-            return libc::EBUSY;
-        }
-        if let Err(e) = g.rnic.dealloc_pd(p.id) {
-            return errno_of(&e);
-        }
-        drop(g);
-        // SAFETY: a PD from ibv_alloc_pd, given back once (the core refused nothing).
-        drop(unsafe { Box::from_raw(pd as *mut Pd) });
-        0
-    })
+    // SAFETY: a PD from ibv_alloc_pd (every ibv_pd we hand out is a Pd).
+    unsafe {
+        destroy(pd as *mut Pd, |g, p| {
+            // As the kernel: EBUSY while an object of the PD lives (its MRs, QPs and SRQs the
+            // core knows; its AHs we count).
+            if p.ahs.load(Ordering::Relaxed) > 0 {
+                return Err(libc::EBUSY);
+            }
+            g.rnic.dealloc_pd(p.id).map_err(|e| errno_of(&e))
+        })
+    }
 }
 
 const ACCESS_OPTIONAL_RANGE: u32 = 0x3ff0_0000;
@@ -679,22 +697,12 @@ pub extern "C" fn ibv_reg_dmabuf_mr(
 }
 
 pub extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
-    guard(EINVAL, || {
-        if mr.is_null() {
-            return EINVAL;
-        }
-        let n = try_errno!(the_nic());
-        // SAFETY: an MR of ours.
-        let lkey = unsafe { (*mr).lkey };
-        match n.lock().rnic.dereg_mr(lkey) {
-            Ok(()) => {
-                // SAFETY: an MR from reg_mr, given back once.
-                drop(unsafe { Box::from_raw(mr as *mut Mr) });
-                0
-            }
-            Err(e) => errno_of(&e),
-        }
-    })
+    // SAFETY: an MR from reg_mr (every ibv_mr we hand out is an Mr beginning with it).
+    unsafe {
+        destroy(mr as *mut Mr, |g, m| {
+            g.rnic.dereg_mr(m.ibv.lkey).map_err(|e| errno_of(&e))
+        })
+    }
 }
 
 /// `ibv_rereg_mr`: not offered (as by a provider without it): `IBV_REREG_MR_ERR_INPUT`.
@@ -808,33 +816,26 @@ pub extern "C" fn ibv_create_cq(
 }
 
 pub extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
-    guard(EINVAL, || {
-        if cq.is_null() {
-            return EINVAL;
-        }
-        let n = try_errno!(the_nic());
-        let mut g = n.lock();
-        // SAFETY: a CQ of ours.
-        let c = unsafe { &*(cq as *mut Cq) };
-        // EBUSY while a QP uses it, as the kernel; then its completions and events are gone.
-        if let Err(e) = g.rnic.destroy_cq(c.id) {
-            return errno_of(&e);
-        }
-        g.cqs.remove(&c.id.0);
-        if !c.ibv.channel.is_null() {
-            // SAFETY: its channel, alive while it has CQs (destroy_comp_channel says EBUSY).
-            let ch = unsafe { &mut *(c.ibv.channel as *mut Channel) };
-            ch.ibv.refcnt -= 1;
-            ch.q.lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .retain(|&p| p != cq as usize);
-        }
-        drop(g);
-        // SAFETY: a CQ from create_cq, given back once (the core's CQ is gone; its handle
-        // reaches nothing, not the CQ that reuses its slot).
-        drop(unsafe { Box::from_raw(cq as *mut Cq) });
-        0
-    })
+    // SAFETY: a CQ from create_cq or create_cq_ex (every ibv_cq we hand out is a Cq); the core's
+    // CQ is gone once undone, and its handle reaches nothing, not the CQ that reuses its slot.
+    unsafe { destroy(cq as *mut Cq, |g, c| undo_cq(g, c, cq)) }
+}
+
+/// `ibv_destroy_cq`'s part under the lock: the core's CQ, our table's entry, and the CQ's place
+/// on its completion channel (its count of CQs, and events not yet read).
+fn undo_cq(g: &mut Inner, c: &Cq, cq: *mut ibv_cq) -> Result<(), c_int> {
+    // EBUSY while a QP uses it, as the kernel; then its completions and events are gone.
+    g.rnic.destroy_cq(c.id).map_err(|e| errno_of(&e))?;
+    g.cqs.remove(&c.id.0);
+    if !c.ibv.channel.is_null() {
+        // SAFETY: its channel, alive while it has CQs (destroy_comp_channel says EBUSY).
+        let ch = unsafe { &mut *(c.ibv.channel as *mut Channel) };
+        ch.ibv.refcnt -= 1;
+        ch.q.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|&p| p != cq as usize);
+    }
+    Ok(())
 }
 
 pub extern "C" fn ibv_resize_cq(_cq: *mut ibv_cq, _cqe: c_int) -> c_int {
@@ -1219,23 +1220,14 @@ pub extern "C" fn ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
 }
 
 pub extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
-    guard(EINVAL, || {
-        if qp.is_null() {
-            return EINVAL;
-        }
-        let n = try_errno!(the_nic());
-        // SAFETY: a QP of ours.
-        let qpn = unsafe { (*(qp as *mut Qp)).qpn };
-        let mut g = n.lock();
-        if let Err(e) = g.rnic.destroy_qp(qpn) {
-            return errno_of(&e);
-        }
-        g.qps.remove(&qpn.value());
-        drop(g);
-        // SAFETY: a QP from create_qp, given back once.
-        drop(unsafe { Box::from_raw(qp as *mut Qp) });
-        0
-    })
+    // SAFETY: a QP from create_qp (every ibv_qp we hand out is a Qp).
+    unsafe {
+        destroy(qp as *mut Qp, |g, q| {
+            g.rnic.destroy_qp(q.qpn).map_err(|e| errno_of(&e))?;
+            g.qps.remove(&q.qpn.value());
+            Ok(())
+        })
+    }
 }
 
 fn state_of(s: c_int) -> Result<QpState, c_int> {
@@ -1772,23 +1764,14 @@ pub extern "C" fn ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr) -> c
 }
 
 pub extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
-    guard(EINVAL, || {
-        if srq.is_null() {
-            return EINVAL;
-        }
-        let n = try_errno!(the_nic());
-        // SAFETY: an SRQ of ours.
-        let id = unsafe { (*(srq as *mut Srq)).id };
-        let mut g = n.lock();
-        if let Err(e) = g.rnic.destroy_srq(id) {
-            return errno_of(&e);
-        }
-        g.srqs.remove(&id.handle());
-        drop(g);
-        // SAFETY: an SRQ from create_srq, given back once.
-        drop(unsafe { Box::from_raw(srq as *mut Srq) });
-        0
-    })
+    // SAFETY: an SRQ from create_srq (every ibv_srq we hand out is an Srq).
+    unsafe {
+        destroy(srq as *mut Srq, |g, q| {
+            g.rnic.destroy_srq(q.id).map_err(|e| errno_of(&e))?;
+            g.srqs.remove(&q.id.handle());
+            Ok(())
+        })
+    }
 }
 
 // ---- AH ------------------------------------------------------------------------------------
@@ -1820,22 +1803,15 @@ pub extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut
 }
 
 pub extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
-    guard(EINVAL, || {
-        if ah.is_null() {
-            return EINVAL;
-        }
-        let n = try_errno!(the_nic());
-        // SAFETY: an AH from create_ah, given back once; its PD outlives it (dealloc_pd is
-        // EBUSY meanwhile).
-        let a = unsafe { Box::from_raw(ah as *mut Ah) };
-        let g = n.lock();
-        // SAFETY: as above.
+    let undo = |_: &mut Inner, a: &Ah| {
+        // SAFETY: its PD outlives it (dealloc_pd is EBUSY while the PD has AHs).
         unsafe { &*(a.ibv.pd as *mut Pd) }
             .ahs
             .fetch_sub(1, Ordering::Relaxed);
-        drop(g);
-        0
-    })
+        Ok(())
+    };
+    // SAFETY: an AH from create_ah (every ibv_ah we hand out is an Ah).
+    unsafe { destroy(ah as *mut Ah, undo) }
 }
 
 /// The address vector back to the sender of a UD receive: its source address from the 40
