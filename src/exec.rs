@@ -61,7 +61,8 @@ pub struct Args {
     /// The device's name (default rocemu0).
     #[arg(long)]
     name: Option<String>,
-    /// Mark the RNIC's packets ECN-capable (ECT(0)).
+    /// Ask for the RNIC's packets to be ECN-capable (ECT(0)): handed on as ROCEMU_ECN=1; the
+    /// library does not act on it yet (it comes with congestion control).
     #[arg(long)]
     ecn: bool,
     /// Print the directory to put first on LD_LIBRARY_PATH, and exit.
