@@ -28,8 +28,9 @@ pub struct ImpairArgs {
     /// Probability that a frame has a bit flipped.
     #[arg(long, default_value_t = 0.0)]
     pub corrupt: f64,
-    /// Seeds the run, to replay it: the impairments (default 1), the in-process run, and with
-    /// --dev the RNIC's keys, QPNs, PSNs and CM IDs (default: a seed from the operating system).
+    /// Seeds the run, to replay it: the impairments (default 1), an in-process run, and an RNIC
+    /// on a real datapath (--dev): its keys, QPNs, PSNs and CM IDs (default: a seed from the
+    /// operating system).
     #[arg(long)]
     pub seed: Option<u64>,
 }

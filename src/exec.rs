@@ -18,9 +18,11 @@
 //!   one not executable 126, as in a shell.
 //!
 //! The library reads its configuration from `ROCEMU_DEV`, `ROCEMU_IP`, `ROCEMU_MAC`,
-//! `ROCEMU_NAME` and `ROCEMU_ECN`. With `--dev` the command line is the whole configuration: a
-//! `ROCEMU_MAC` / `ROCEMU_NAME` / `ROCEMU_ECN` inherited from the caller's environment is removed
-//! unless given again. Without `--dev` the caller's `ROCEMU_*` variables pass through unchanged
+//! `ROCEMU_NAME`, `ROCEMU_ECN`, and the impairments `ROCEMU_LOSS`, `ROCEMU_REORDER`,
+//! `ROCEMU_DUPLICATE`, `ROCEMU_CORRUPT`, `ROCEMU_SEED` (`--loss` … `--seed`, checked here as
+//! `rocemu perf` checks them; they need `--dev`). With `--dev` the command line is the whole
+//! configuration: any other of these inherited from the caller's environment is removed
+//! unless given again (an impairment of 0 is not set at all). Without `--dev` the caller's `ROCEMU_*` variables pass through unchanged
 //! (the library lists no device when there are none).
 use std::ffi::{OsStr, OsString};
 use std::io;
@@ -31,6 +33,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
 use rocemu_wire::eth::Mac;
+
+use crate::datapath::ImpairArgs;
 
 /// RoCEmu could not start (the convention of `env`, `nice`, `timeout`: 125 is the wrapper's own).
 pub const EXIT_CANNOT_START: u8 = 125;
@@ -65,8 +69,13 @@ pub struct Args {
     /// library does not act on it yet (it comes with congestion control).
     #[arg(long)]
     ecn: bool,
+    /// Impairments of every frame of the program's RNIC, both ways, as `rocemu perf` has them
+    /// (handed on as ROCEMU_LOSS, ROCEMU_REORDER, ROCEMU_DUPLICATE, ROCEMU_CORRUPT, ROCEMU_SEED).
+    #[command(flatten)]
+    imp: ImpairArgs,
     /// Print the directory to put first on LD_LIBRARY_PATH, and exit.
-    #[arg(long, conflicts_with_all = ["dev", "ip", "mac", "name", "ecn", "program"])]
+    #[arg(long, conflicts_with_all = ["dev", "ip", "mac", "name", "ecn", "loss", "reorder",
+        "duplicate", "corrupt", "seed", "program"])]
     libdir: bool,
     /// The program and its arguments (after `--`).
     #[arg(
@@ -140,14 +149,25 @@ fn library_path(dir: &Path, old: Option<OsString>) -> OsString {
 }
 
 /// A checked configuration of the library, as given on the command line.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, PartialEq)]
 struct Config {
     dev: String,
     ip: IpAddr,
     mac: Option<Mac>,
     name: Option<String>,
     ecn: bool,
+    /// Loss, reorder, duplicate, corrupt: each a probability in 0…1 (checked).
+    imp: [f64; 4],
+    seed: Option<u64>,
 }
+
+/// The impairments' variables, in the order of [`Config::imp`].
+const IMPAIR_VARS: [&str; 4] = [
+    "ROCEMU_LOSS",
+    "ROCEMU_REORDER",
+    "ROCEMU_DUPLICATE",
+    "ROCEMU_CORRUPT",
+];
 
 impl Config {
     /// `None` when no `--dev` is given (the environment's configuration applies): then `--ip` and
@@ -156,10 +176,18 @@ impl Config {
         if let Some(n) = &a.name {
             check_name(n)?;
         }
+        let imp = a.imp.get().map_err(cannot_start)?;
         let Some(dev) = &a.dev else {
             if a.ip.is_some() || a.mac.is_some() {
                 return Err(cannot_start(
                     "--ip and --mac need --dev (af_packet:IFACE or dpdk:'EAL ARGS')",
+                ));
+            }
+            // (An impairment the environment's configuration would silently go without.)
+            if !imp.is_none() || a.imp.seed.is_some() {
+                return Err(cannot_start(
+                    "--loss, --reorder, --duplicate, --corrupt and --seed need --dev \
+                     (af_packet:IFACE or dpdk:'EAL ARGS')",
                 ));
             }
             return Ok(None);
@@ -192,18 +220,25 @@ impl Config {
             mac,
             name: a.name.clone(),
             ecn: a.ecn,
+            imp: [imp.loss, imp.reorder, imp.duplicate, imp.corrupt],
+            seed: a.imp.seed,
         }))
     }
 
     /// The variables the library reads: `Some` to set, `None` to remove.
     fn env(&self) -> Vec<(&'static str, Option<String>)> {
-        vec![
+        let mut v = vec![
             ("ROCEMU_DEV", Some(self.dev.clone())),
             ("ROCEMU_IP", Some(self.ip.to_string())),
             ("ROCEMU_MAC", self.mac.map(|m| m.to_string())),
             ("ROCEMU_NAME", self.name.clone()),
             ("ROCEMU_ECN", self.ecn.then(|| "1".to_string())),
-        ]
+        ];
+        for (k, p) in IMPAIR_VARS.into_iter().zip(self.imp) {
+            v.push((k, (p > 0.0).then(|| p.to_string())));
+        }
+        v.push(("ROCEMU_SEED", self.seed.map(|s| s.to_string())));
+        v
     }
 }
 
@@ -370,6 +405,13 @@ mod tests {
             mac: mac.map(Into::into),
             name: None,
             ecn: false,
+            imp: ImpairArgs {
+                loss: 0.0,
+                reorder: 0.0,
+                duplicate: 0.0,
+                corrupt: 0.0,
+                seed: None,
+            },
             libdir: false,
             program: vec!["true".into()],
         }
@@ -400,8 +442,39 @@ mod tests {
                 ("ROCEMU_MAC", Some("02:00:00:00:00:01".into())),
                 ("ROCEMU_NAME", Some("rocemu7".into())),
                 ("ROCEMU_ECN", Some("1".into())),
+                ("ROCEMU_LOSS", None),
+                ("ROCEMU_REORDER", None),
+                ("ROCEMU_DUPLICATE", None),
+                ("ROCEMU_CORRUPT", None),
+                ("ROCEMU_SEED", None),
             ]
         );
+    }
+
+    #[test]
+    fn impairments_are_checked_and_handed_on() {
+        let mut a = args(Some("af_packet:lo"), Some("10.0.0.1"), None);
+        a.imp.loss = 0.05;
+        a.imp.reorder = 0.1;
+        a.imp.corrupt = 1.0;
+        a.imp.seed = Some(7);
+        let env = Config::from_args(&a).unwrap().unwrap().env();
+        let get = |k: &str| env.iter().find(|(n, _)| *n == k).unwrap().1.clone();
+        assert_eq!(get("ROCEMU_LOSS").as_deref(), Some("0.05"));
+        assert_eq!(get("ROCEMU_REORDER").as_deref(), Some("0.1"));
+        assert_eq!(get("ROCEMU_DUPLICATE"), None);
+        assert_eq!(get("ROCEMU_CORRUPT").as_deref(), Some("1"));
+        assert_eq!(get("ROCEMU_SEED").as_deref(), Some("7"));
+        for bad in [1.5, -0.01, f64::NAN, f64::INFINITY] {
+            a.imp.duplicate = bad;
+            assert!(refused(&a).contains("--duplicate"), "{bad}");
+        }
+        let mut a = args(None, None, None);
+        a.imp.loss = 0.05;
+        assert!(refused(&a).contains("need --dev"));
+        let mut a = args(None, None, None);
+        a.imp.seed = Some(3);
+        assert!(refused(&a).contains("need --dev"));
     }
 
     #[test]

@@ -114,6 +114,61 @@ fn program_sees_the_configuration_and_our_library_first() {
 }
 
 #[test]
+fn impairments_are_handed_on_and_stale_ones_removed() {
+    let lib = Scratch::libdir("impair");
+    let o = Command::new(ROCEMU)
+        .env("ROCEMU_LIBDIR", &lib.0)
+        .env("ROCEMU_DUPLICATE", "0.5")
+        .env("ROCEMU_SEED", "99")
+        .args([
+            "exec",
+            "--dev",
+            "af_packet:lo",
+            "--ip",
+            "10.9.0.1",
+            "--loss",
+            "0.05",
+            "--reorder",
+            "0.05",
+            "--corrupt",
+            "0.001",
+            "--",
+            "env",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let e = env_of(&o);
+    assert_eq!(e["ROCEMU_LOSS"], "0.05");
+    assert_eq!(e["ROCEMU_REORDER"], "0.05");
+    assert_eq!(e["ROCEMU_CORRUPT"], "0.001");
+    for k in ["ROCEMU_DUPLICATE", "ROCEMU_SEED"] {
+        assert!(!e.contains_key(k), "{k} inherited: {:?}", e.get(k));
+    }
+    let o = rocemu_in(
+        &lib.0,
+        &[
+            "exec",
+            "--dev",
+            "af_packet:lo",
+            "--ip",
+            "10.9.0.1",
+            "--duplicate",
+            "1",
+            "--seed",
+            "12345",
+            "--",
+            "env",
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let e = env_of(&o);
+    assert_eq!(e["ROCEMU_DUPLICATE"], "1");
+    assert_eq!(e["ROCEMU_SEED"], "12345");
+    assert!(!e.contains_key("ROCEMU_LOSS"));
+}
+
+#[test]
 fn without_dev_the_callers_configuration_passes_through() {
     let lib = Scratch::libdir("pass");
     let o = Command::new(ROCEMU)
@@ -155,7 +210,7 @@ fn bad_configuration_is_125_before_the_program_runs() {
     let lib = Scratch::libdir("bad");
     let marker = lib.0.join("ran");
     let m = marker.to_str().unwrap();
-    let cases: [(&[&str], &str); 8] = [
+    let cases: [(&[&str], &str); 12] = [
         (
             &["--dev", "eth0", "--ip", "10.0.0.1"],
             "give af_packet:IFACE",
@@ -183,6 +238,26 @@ fn bad_configuration_is_125_before_the_program_runs() {
         (&["--dev", "dpdk:", "--ip", "10.0.0.1"], "EAL"),
         (&["--ip", "10.0.0.1"], "need --dev"),
         (&["--no-such-flag"], "unexpected argument"),
+        (
+            &["--dev", "af_packet:lo", "--ip", "10.0.0.1", "--loss", "1.5"],
+            "--loss 1.5: a probability is between 0 and 1",
+        ),
+        (
+            &[
+                "--dev",
+                "af_packet:lo",
+                "--ip",
+                "10.0.0.1",
+                "--reorder",
+                "lots",
+            ],
+            "invalid value 'lots'",
+        ),
+        (
+            &["--dev", "af_packet:lo", "--ip", "10.0.0.1", "--seed", "1.5"],
+            "invalid value '1.5' for '--seed",
+        ),
+        (&["--corrupt", "0.1"], "need --dev"),
     ];
     for (args, why) in cases {
         let mut v = vec!["exec"];

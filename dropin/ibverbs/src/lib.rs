@@ -6,6 +6,7 @@
 //! abi.rs      the structs of <infiniband/verbs.h>, byte for byte (tests/layout.rs checks them)
 //! nic.rs      configuration (ROCEMU_DEV, ROCEMU_IP, ROCEMU_MAC, ROCEMU_NAME), the device, the one
 //!             RNIC per process and its engine thread (ARP/ND requests, completion and async events)
+//! impair.rs   ROCEMU_LOSS, ROCEMU_REORDER, ROCEMU_DUPLICATE, ROCEMU_CORRUPT, ROCEMU_SEED
 //! verbs.rs    the public verbs (IBVERBS_1.0 … IBVERBS_1.14): objects, queries, posting, polling,
 //!             events, the ibv_wr_* post API, the *_str helpers
 //! compat.rs   rdma-core's pre-1.1 entry points (name@IBVERBS_1.0): ENOSYS
@@ -30,6 +31,7 @@ mod abi;
 mod compat;
 mod cq_ex;
 mod ffi;
+mod impair;
 mod mem;
 mod nic;
 mod private;

@@ -7,7 +7,11 @@
 //! `ROCEMU_NAME` (default `rocemu0`), and `ROCEMU_IDLE` for what the engine thread does when
 //! idle: by default it sleeps until a frame, a verb's doorbell or a timer wakes it
 //! ([`IdleStrategy::Wake`]; on a port with no descriptor to sleep on, DPDK's, it backs off);
-//! `busy` spins, `backoff` polls with backoff (for comparison). `rocemu exec` sets them. Without `ROCEMU_DEV` the list is
+//! `busy` spins, `backoff` polls with backoff (for comparison). `ROCEMU_LOSS`, `ROCEMU_REORDER`,
+//! `ROCEMU_DUPLICATE`, `ROCEMU_CORRUPT` (probabilities, 0…1) wrap the datapath in seeded
+//! impairments of every frame both ways (`ImpairedPort`), seeded by `ROCEMU_SEED` (default 1),
+//! which also seeds the RNIC's keys, QPNs, PSNs and CM IDs (default: from the operating system;
+//! see `impair.rs`). `rocemu exec` sets them. Without `ROCEMU_DEV` the list is
 //! empty and one line on stderr says how to configure; a bad value is one clear line and no
 //! device.
 //!
@@ -29,6 +33,7 @@
 use crate::abi::*;
 use crate::ffi::copy_cstr;
 use rocemu_emulator::engine::{Doorbell, Engine, IdleStrategy};
+use rocemu_emulator::port::impair::ImpairedPort;
 use rocemu_emulator::port::open::{open_datapath, OpenedPort};
 use rocemu_emulator::port::Port;
 use rocemu_emulator::rng::Seed;
@@ -50,6 +55,8 @@ pub const VENDOR_ID: u32 = 0x52_4f_45;
 /// What the environment says.
 #[derive(Debug, Clone)]
 pub struct Config {
+    /// `ROCEMU_LOSS`, `ROCEMU_REORDER`, `ROCEMU_DUPLICATE`, `ROCEMU_CORRUPT`, `ROCEMU_SEED`.
+    pub impair: crate::impair::Impair,
     pub name: String,
     pub dev: String,
     pub ip: IpAddr,
@@ -110,6 +117,7 @@ fn read_config() -> Result<Config, String> {
         ));
     };
     Ok(Config {
+        impair: crate::impair::from_env()?,
         name,
         dev,
         ip,
@@ -438,10 +446,14 @@ fn open_nic() -> Result<Opened, String> {
     let ips = vec![link_local(mac), cfg.ip];
     let mut rc = RnicConfig::new(mac, cfg.ip, 0);
     rc.ips = ips.clone();
-    rc.seed = Seed::from_os()?;
+    rc.seed = Seed::replay_or_os(cfg.impair.seed)?;
     rc.eth_mtu = port.mtu();
     let eth_mtu = port.mtu();
     let rnic = Rnic::new(rc);
+    let port: Box<dyn Port + Send> = match cfg.impair {
+        i if i.imp.is_none() => port,
+        i => Box::new(ImpairedPort::new(port, i.imp, i.impair_seed())),
+    };
     let mut engine = Engine::new(port);
     // Sleep when idle unless told to spin: the program's own threads spin on their CQs (or on
     // memory, as ib_write_lat does, without calling us), and a spinning engine beside them on a

@@ -30,6 +30,15 @@ fn run(prog: &str, args: &[&str], env: &[(&str, &str)]) -> Output {
         .env_remove("ROCEMU_IP")
         .env_remove("ROCEMU_MAC")
         .env_remove("ROCEMU_NAME");
+    for k in [
+        "ROCEMU_LOSS",
+        "ROCEMU_REORDER",
+        "ROCEMU_DUPLICATE",
+        "ROCEMU_CORRUPT",
+        "ROCEMU_SEED",
+    ] {
+        c.env_remove(k);
+    }
     for (k, v) in env {
         c.env(k, v);
     }
@@ -71,6 +80,22 @@ fn a_bad_configuration_is_one_clear_line_and_no_device() {
             "give af_packet:IFACE",
         ),
         (vec![("ROCEMU_DEV", "af_packet:lo")], "no ROCEMU_IP"),
+        (
+            vec![
+                ("ROCEMU_DEV", "af_packet:lo"),
+                ("ROCEMU_IP", "10.0.0.1"),
+                ("ROCEMU_LOSS", "1.5"),
+            ],
+            "rocemu: ROCEMU_LOSS=1.5: a probability is a number between 0 and 1; no device",
+        ),
+        (
+            vec![
+                ("ROCEMU_DEV", "af_packet:lo"),
+                ("ROCEMU_IP", "10.0.0.1"),
+                ("ROCEMU_SEED", "seven"),
+            ],
+            "rocemu: ROCEMU_SEED=seven: a seed is an unsigned 64-bit integer; no device",
+        ),
     ] {
         let o = run("ibv_devices", &[], &env);
         let err = String::from_utf8_lossy(&o.stderr);
