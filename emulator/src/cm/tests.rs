@@ -3,6 +3,7 @@
 //! seed) and against rping's real REQ.
 use super::*;
 use rocemu_wire::cm::PortSpace;
+use rocemu_wire::Psn;
 
 fn pump(a: &mut CmAgent, b: &mut CmAgent, now: Nanos, drop_first: bool) -> usize {
     let (ia, ib) = (a.local_ip, b.local_ip);
@@ -112,6 +113,7 @@ fn connect_accept_establish_and_disconnect() {
             remote_qpn: Qpn::new(0x22),
             remote_psn: Psn::new(200),
             rep_rd_atomic: Some((4, 2)),
+            private_data: Box::new([0; 196]),
         })
     );
     assert_eq!(
@@ -121,6 +123,7 @@ fn connect_accept_establish_and_disconnect() {
             remote_qpn: Qpn::new(0x11),
             remote_psn: Psn::new(100),
             rep_rd_atomic: None,
+            private_data: Box::new([0; 196]),
         })
     );
     a.disconnect(t, ida).unwrap();
@@ -185,7 +188,8 @@ fn unknown_service_is_rejected_with_reason_8() {
         a.poll_event(),
         Some(CmEvent::Rejected {
             id,
-            reason: RejReason::INVALID_SERVICE_ID
+            reason: RejReason::INVALID_SERVICE_ID,
+            private_data: Box::new([0; 148]),
         })
     );
 }
@@ -201,7 +205,8 @@ fn after_unlisten_reqs_are_rejected() {
         a.poll_event(),
         Some(CmEvent::Rejected {
             id,
-            reason: RejReason::INVALID_SERVICE_ID
+            reason: RejReason::INVALID_SERVICE_ID,
+            private_data: Box::new([0; 148]),
         })
     );
 }
@@ -313,7 +318,8 @@ fn a_full_backlog_rejects_with_consumer_defined() {
         a.poll_event(),
         Some(CmEvent::Rejected {
             id: id2,
-            reason: RejReason::CONSUMER_DEFINED
+            reason: RejReason::CONSUMER_DEFINED,
+            private_data: Box::new([0; 148]),
         })
     );
     assert_eq!(b.counters().reqs_rejected_backlog, 1);
