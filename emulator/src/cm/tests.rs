@@ -840,6 +840,12 @@ fn sidr_round_trip_and_repeats() {
         .is_err());
     let (to, srep) = b.poll_transmit().unwrap();
     assert_eq!(to, a.local_ip);
+    // Where Linux's ibta_vol1_c12.h (Table 120) puts them, after the 24-byte MAD header:
+    // status at 4, QPN at 8 (24 bits), Q_Key at 20, private data at 96.
+    assert_eq!(srep[24 + 4], 0);
+    assert_eq!(srep[24 + 8..24 + 11], [0x00, 0x42, 0x42]);
+    assert_eq!(srep[24 + 20..24 + 24], 0x1234_5678u32.to_be_bytes());
+    assert_eq!(srep[24 + 96..], rpd);
     assert_eq!(
         CmMadRepr::parse(&srep).unwrap().mad.tid,
         CmMadRepr::parse(&sreq).unwrap().mad.tid
