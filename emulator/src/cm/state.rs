@@ -42,7 +42,8 @@ pub enum CmState {
 /// What the agent reports.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CmEvent {
-    /// A REQ for a service we listen on: answer with [`CmAgent::accept`] or [`CmAgent::reject`].
+    /// A REQ for a service we listen on: answer with [`CmAgent::accept`] or [`CmAgent::reject`]
+    /// (with [`CmAgent::mra_on_req`] set, an MRA has already gone back).
     ConnectRequest {
         id: CommId,
         from: IpAddr,
