@@ -43,11 +43,12 @@ pub const EXIT_NOT_EXECUTABLE: u8 = 126;
 /// PROGRAM not found (a shell's 127).
 pub const EXIT_NOT_FOUND: u8 = 127;
 
-/// The sonames the library directory provides, each with the file cargo builds for it. The
-/// first must exist; the others are linked when built (`librdmacm` comes with issue 15).
+/// The sonames the library directory provides, each with the file cargo builds for it (and
+/// whether it must exist). One shared object serves both: the loader maps a file once however
+/// many names it is reached by, so a program's verbs and its rdma_cm share one RNIC.
 const SONAMES: [(&str, &str, bool); 2] = [
     ("libibverbs.so.1", "libibverbs.so", true),
-    ("librdmacm.so.1", "librdmacm.so", false),
+    ("librdmacm.so.1", "libibverbs.so", true),
 ];
 
 #[derive(clap::Args, Debug)]
@@ -538,22 +539,18 @@ mod tests {
             d.join("libibverbs.so.1").exists(),
             "the relative link resolves"
         );
-        assert!(
-            !d.join("librdmacm.so.1").exists(),
-            "no link to a library not built"
+        assert_eq!(
+            std::fs::read_link(d.join("librdmacm.so.1")).unwrap(),
+            Path::new("../libibverbs.so"),
+            "librdmacm.so.1 is the same library"
         );
-        // A stale link is replaced; a second library appears once built.
+        // A stale link is replaced.
         std::fs::remove_file(d.join("libibverbs.so.1")).unwrap();
         std::os::unix::fs::symlink("/nowhere", d.join("libibverbs.so.1")).unwrap();
-        std::fs::write(base.join("librdmacm.so"), b"").unwrap();
         link_dir(&d, &base, true).unwrap();
         assert_eq!(
             std::fs::read_link(d.join("libibverbs.so.1")).unwrap(),
             Path::new("../libibverbs.so")
-        );
-        assert_eq!(
-            std::fs::read_link(d.join("librdmacm.so.1")).unwrap(),
-            Path::new("../librdmacm.so")
         );
         // A fallback folder others can write to is refused.
         let open = base.join("open");

@@ -17,8 +17,10 @@ use std::path::PathBuf;
 fn main() {
     let dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
     let out = PathBuf::from(std::env::var("OUT_DIR").unwrap());
-    let table = std::fs::read_to_string(dir.join("exports.txt")).expect("exports.txt");
+    let table = std::fs::read_to_string(dir.join("exports.txt")).expect("exports.txt")
+        + &std::fs::read_to_string(dir.join("exports-rdmacm.txt")).expect("exports-rdmacm.txt");
     println!("cargo:rerun-if-changed=exports.txt");
+    println!("cargo:rerun-if-changed=exports-rdmacm.txt");
     println!("cargo:rerun-if-changed=build.rs");
 
     // Version nodes in order of appearance in the chain, with their default symbols.
@@ -44,7 +46,9 @@ fn main() {
         if name == ver {
             continue; // the version node's own symbol: the linker makes it
         }
-        let path = if ver.starts_with("IBVERBS_PRIVATE") {
+        let path = if ver.starts_with("RDMACM_") || ver.starts_with("ROCEMU_") {
+            "rdmacm"
+        } else if ver.starts_with("IBVERBS_PRIVATE") {
             "private"
         } else if !default {
             "compat"
@@ -62,12 +66,15 @@ fn main() {
             writeln!(asm, "{}", export(&alias, name, path, Some(ver))).unwrap();
         }
     }
-    // The chain as rdma-core's libibverbs.map.in has it: IBVERBS_1.0 ← 1.1 ← 1.5 ← … ← 1.14;
-    // the private node stands alone.
+    // The chains as rdma-core's libibverbs.map.in and librdmacm.map have them: IBVERBS_1.0 ← 1.1
+    // ← 1.5 ← … ← 1.14, RDMACM_1.0 ← 1.1 ← 1.2 ← 1.3; the private node and ours stand alone.
     nodes.sort_by_key(|n| version_key(n));
     let mut map = String::new();
     let mut prev: Option<&str> = None;
     for n in &nodes {
+        if n.starts_with("RDMACM_1.0") || n.starts_with("ROCEMU_") {
+            prev = None;
+        }
         writeln!(map, "{n} {{").unwrap();
         let syms = defaults.get(n).map(|v| v.as_slice()).unwrap_or(&[]);
         if !syms.is_empty() {
@@ -77,10 +84,12 @@ fn main() {
             }
         }
         match prev {
-            Some(p) if !n.starts_with("IBVERBS_PRIVATE") => writeln!(map, "}} {p};").unwrap(),
+            Some(p) if !n.starts_with("IBVERBS_PRIVATE") && !n.starts_with("ROCEMU_") => {
+                writeln!(map, "}} {p};").unwrap()
+            }
             _ => writeln!(map, "}};").unwrap(),
         }
-        if !n.starts_with("IBVERBS_PRIVATE") {
+        if !n.starts_with("IBVERBS_PRIVATE") && !n.starts_with("ROCEMU_") {
             prev = Some(n);
         }
     }
@@ -110,14 +119,22 @@ fn export(sym: &str, name: &str, path: &str, ver: Option<&str>) -> String {
     )
 }
 
-/// IBVERBS_1.10 after IBVERBS_1.9; the private node last.
+/// IBVERBS_1.10 after IBVERBS_1.9, then the private node, then RDMACM_1.0 … 1.3, then ours.
 fn version_key(n: &str) -> (u32, u32, u32) {
-    match n.strip_prefix("IBVERBS_") {
-        Some(v) if v.starts_with("PRIVATE") => (u32::MAX, 0, 0),
-        Some(v) => {
-            let mut it = v.split('.').map(|x| x.parse::<u32>().unwrap_or(0));
-            (0, it.next().unwrap_or(0), it.next().unwrap_or(0))
+    let num = |v: &str| {
+        let mut it = v.split('.').map(|x| x.parse::<u32>().unwrap_or(0));
+        (it.next().unwrap_or(0), it.next().unwrap_or(0))
+    };
+    if let Some(v) = n.strip_prefix("IBVERBS_") {
+        if v.starts_with("PRIVATE") {
+            return (1, 0, 0);
         }
-        None => (u32::MAX - 1, 0, 0),
+        let (a, b) = num(v);
+        return (0, a, b);
     }
+    if let Some(v) = n.strip_prefix("RDMACM_") {
+        let (a, b) = num(v);
+        return (2, a, b);
+    }
+    (3, 0, 0)
 }

@@ -298,6 +298,10 @@ impl CmService {
                 self.end(rnic, id);
                 set(&mut self.conns, id, CmConnState::Error)
             }
+            // No UD services here: a SIDR_REP with status REJECT.
+            CmEvent::SidrRequest { id, .. } => self.agent.close(id),
+            // Never asked for: this agent neither defers RTUs nor resolves service IDs.
+            CmEvent::RepReceived { .. } | CmEvent::SidrReply { .. } => {}
         }
     }
 

@@ -16,6 +16,7 @@
 //! wr.rs       the ibv_wr_* post API (ibv_qp_ex's ops), which perftest uses by default
 //! mem.rs      registering the program's memory with the core
 //! ffi.rs      errno, panics kept from crossing the FFI boundary, C strings
+//! rdmacm/     the drop-in librdmacm.so.1 (RDMACM_1.0 … 1.3), in the same shared object
 //! ```
 //!
 //! Exports: no `#[no_mangle]` (rustc's own version script would leave them unversioned). The
@@ -35,6 +36,7 @@ mod impair;
 mod mem;
 mod nic;
 mod private;
+mod rdmacm;
 mod verbs;
 mod wr;
 

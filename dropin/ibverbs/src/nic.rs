@@ -206,6 +206,8 @@ pub struct Inner {
     /// turn).
     pub cq_events: Vec<CqId>,
     pub async_scratch: Vec<AsyncEvent>,
+    /// rdma_cm: QP1, the CM agent, the ids and their events (made at the first rdma_cm call).
+    pub cm: Option<Box<crate::rdmacm::service::Service>>,
 }
 
 /// The process's RNIC.
@@ -485,6 +487,7 @@ fn open_nic() -> Result<Opened, String> {
             srqs: HashMap::new(),
             cq_events: Vec::with_capacity(64),
             async_scratch: Vec::with_capacity(64),
+            cm: None,
         }),
         waiting: AtomicUsize::new(0),
         progress: AtomicU64::new(1),
@@ -570,7 +573,10 @@ fn run(
         let w = {
             let mut g = nic.inner.lock().unwrap_or_else(|p| p.into_inner());
             let g = &mut *g;
-            let w = engine.poll(&mut g.rnic);
+            let mut w = engine.poll(&mut g.rnic);
+            if let Some(cm) = g.cm.as_mut() {
+                w += crate::rdmacm::service::turn(nic, cm, &mut g.rnic, &mut engine);
+            }
             if let Ok(mut want) = nic.want.try_lock() {
                 let now = Instant::now();
                 for ip in want.drain(..) {

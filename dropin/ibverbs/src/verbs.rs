@@ -16,6 +16,7 @@
 use crate::abi::*;
 use crate::ffi::{errno_of, guard, set_errno};
 use crate::nic::{self, Inner, Nic, GID_TBL_LEN, VENDOR_ID};
+use crate::rdmacm::live;
 use libc::{c_char, c_int, c_uint, c_void, size_t, EINVAL, ENOMEM, EOPNOTSUPP};
 use rocemu_emulator::rnic::*;
 use rocemu_wire::{Psn, QKey, Qpn};
@@ -125,7 +126,11 @@ macro_rules! try_errno {
 ///
 /// `obj` is NULL or a `Box<T>` this library handed to the program as the object, not given back
 /// yet (the verbs' contract: a destroyed object is not used again).
-unsafe fn destroy<T>(obj: *mut T, undo: impl FnOnce(&mut Inner, &T) -> Result<(), c_int>) -> c_int {
+unsafe fn destroy<T>(
+    obj: *mut T,
+    kind: usize,
+    undo: impl FnOnce(&mut Inner, &T) -> Result<(), c_int>,
+) -> c_int {
     guard(EINVAL, || {
         if obj.is_null() {
             return EINVAL;
@@ -137,6 +142,7 @@ unsafe fn destroy<T>(obj: *mut T, undo: impl FnOnce(&mut Inner, &T) -> Result<()
             return e;
         }
         drop(g);
+        live::add(kind, -1);
         // SAFETY: a Box of ours, given back once: `undo` took it out of everything that
         // referred to it.
         drop(unsafe { Box::from_raw(obj) });
@@ -574,6 +580,7 @@ pub extern "C" fn ibv_alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
             id,
             ahs: AtomicU32::new(0),
         });
+        live::add(live::PDS, 1);
         Box::into_raw(pd).cast()
     })
 }
@@ -581,7 +588,7 @@ pub extern "C" fn ibv_alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
 pub extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
     // SAFETY: a PD from ibv_alloc_pd (every ibv_pd we hand out is a Pd).
     unsafe {
-        destroy(pd as *mut Pd, |g, p| {
+        destroy(pd as *mut Pd, live::PDS, |g, p| {
             // As the kernel: EBUSY while an object of the PD lives (its MRs, QPs and SRQs the
             // core knows; its AHs we count).
             if p.ahs.load(Ordering::Relaxed) > 0 {
@@ -646,6 +653,7 @@ fn reg_mr_common(
                     rkey: info.rkey,
                 },
             });
+            live::add(live::MRS, 1);
             Box::into_raw(mr).cast()
         }
         Err(e) => fail_ptr(errno_of(&e)),
@@ -699,7 +707,7 @@ pub extern "C" fn ibv_reg_dmabuf_mr(
 pub extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
     // SAFETY: an MR from reg_mr (every ibv_mr we hand out is an Mr beginning with it).
     unsafe {
-        destroy(mr as *mut Mr, |g, m| {
+        destroy(mr as *mut Mr, live::MRS, |g, m| {
             g.rnic.dereg_mr(m.ibv.lkey).map_err(|e| errno_of(&e))
         })
     }
@@ -742,6 +750,7 @@ pub extern "C" fn ibv_create_comp_channel(ctx: *mut ibv_context) -> *mut ibv_com
             },
             q: Mutex::new(VecDeque::new()),
         });
+        live::add(live::COMP_CHANNELS, 1);
         Box::into_raw(ch).cast()
     })
 }
@@ -761,6 +770,7 @@ pub extern "C" fn ibv_destroy_comp_channel(ch: *mut ibv_comp_channel) -> c_int {
         }
         // SAFETY: a channel from create_comp_channel, given back once.
         let ch = unsafe { Box::from_raw(ch as *mut Channel) };
+        live::add(live::COMP_CHANNELS, -1);
         // SAFETY: our eventfd.
         unsafe { libc::close(ch.ibv.fd) };
         0
@@ -805,6 +815,7 @@ pub extern "C" fn ibv_create_cq(
             empty_at: AtomicU64::new(0),
             poll: Default::default(),
         });
+        live::add(live::CQS, 1);
         let p = Box::into_raw(cq);
         g.cqs.insert(id.0, p as usize);
         if !channel.is_null() {
@@ -818,7 +829,7 @@ pub extern "C" fn ibv_create_cq(
 pub extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
     // SAFETY: a CQ from create_cq or create_cq_ex (every ibv_cq we hand out is a Cq); the core's
     // CQ is gone once undone, and its handle reaches nothing, not the CQ that reuses its slot.
-    unsafe { destroy(cq as *mut Cq, |g, c| undo_cq(g, c, cq)) }
+    unsafe { destroy(cq as *mut Cq, live::CQS, |g, c| undo_cq(g, c, cq)) }
 }
 
 /// `ibv_destroy_cq`'s part under the lock: the core's CQ, our table's entry, and the CQ's place
@@ -1140,6 +1151,7 @@ fn create_qp_common(a: &CreateQp) -> Result<*mut Qp, c_int> {
     b.mutex = libc::PTHREAD_MUTEX_INITIALIZER;
     b.cond = libc::PTHREAD_COND_INITIALIZER;
     crate::wr::set_ops(&mut ex);
+    live::add(live::QPS, 1);
     let qp = Box::into_raw(Box::new(Qp {
         ex,
         qpn,
@@ -1222,7 +1234,7 @@ pub extern "C" fn ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
 pub extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     // SAFETY: a QP from create_qp (every ibv_qp we hand out is a Qp).
     unsafe {
-        destroy(qp as *mut Qp, |g, q| {
+        destroy(qp as *mut Qp, live::QPS, |g, q| {
             g.rnic.destroy_qp(q.qpn).map_err(|e| errno_of(&e))?;
             g.qps.remove(&q.qpn.value());
             Ok(())
@@ -1701,6 +1713,7 @@ pub extern "C" fn ibv_create_srq(pd: *mut ibv_pd, init: *mut ibv_srq_init_attr) 
             Ok(id) => id,
             Err(e) => return fail_ptr(errno_of(&e)),
         };
+        live::add(live::SRQS, 1);
         let srq = Box::into_raw(Box::new(Srq {
             ibv: ibv_srq {
                 context: p.ibv.context,
@@ -1766,7 +1779,7 @@ pub extern "C" fn ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr) -> c
 pub extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
     // SAFETY: an SRQ from create_srq (every ibv_srq we hand out is an Srq).
     unsafe {
-        destroy(srq as *mut Srq, |g, q| {
+        destroy(srq as *mut Srq, live::SRQS, |g, q| {
             g.rnic.destroy_srq(q.id).map_err(|e| errno_of(&e))?;
             g.srqs.remove(&q.id.handle());
             Ok(())
@@ -1798,6 +1811,7 @@ pub extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut
             },
             attr: av,
         });
+        live::add(live::AHS, 1);
         Box::into_raw(ah).cast()
     })
 }
@@ -1811,7 +1825,7 @@ pub extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
         Ok(())
     };
     // SAFETY: an AH from create_ah (every ibv_ah we hand out is an Ah).
-    unsafe { destroy(ah as *mut Ah, undo) }
+    unsafe { destroy(ah as *mut Ah, live::AHS, undo) }
 }
 
 /// The address vector back to the sender of a UD receive: its source address from the 40

@@ -1,6 +1,8 @@
-//! The IB communication manager (IBTA Vol. 1 12.6–12.9) as `rdma_cm` uses it on RoCE: a sans-IO
-//! agent that turns connect / listen / accept / disconnect into REQ, REP, RTU, REJ, DREQ and DREP
-//! MADs, retransmits them on its own timers, and reports what the peer did as events.
+//! The IB communication manager (IBTA Vol. 1 12.6–12.9, 12.11) as `rdma_cm` uses it on RoCE: a
+//! sans-IO agent that turns connect / listen / accept / establish / disconnect into REQ, REP,
+//! RTU, REJ, MRA, DREQ and DREP MADs, and a UD service lookup into SIDR_REQ and SIDR_REP;
+//! retransmits them on its own timers, and reports what the peer did (with the private data its
+//! messages carried) as events.
 //!
 //! It sits beside the RNIC, not inside it: MADs reach it as the payloads of UD receives on QP1
 //! (`Rnic::create_gsi_qp`), and what it wants sent goes out as UD SENDs from QP1 to the peer's
@@ -10,9 +12,10 @@
 //! Invariants:
 //! * Nothing the wire brings panics it: a MAD that does not parse, names a connection we do not
 //!   have, or comes in the wrong state is dropped (or answered with a REJ where IBTA says so).
-//! * Every message that expects an answer (REQ, REP, DREQ) is sent again every
+//! * Every message that expects an answer (REQ, REP, DREQ, SIDR_REQ) is sent again every
 //!   4.096 µs × 2^`cm_response_timeout` until answered, at most `max_cm_retries` times; then the
-//!   connection ends with [`CmEvent::Timeout`].
+//!   connection ends with [`CmEvent::Timeout`]. The first MRA for a REQ or REP stretches the wait
+//!   once (see [`CmAgent::handle_mad`]); it never adds retries.
 //! * Time comes in as `now`; randomness (communication IDs, transaction IDs) from the seed.
 //!   Nothing depends on a hasher's order: connections are kept in a `BTreeMap` and timers fire
 //!   in (deadline, comm id) order, so one seed and one input give one history.
@@ -20,20 +23,25 @@
 //!   [`CmAgent::max_half_open`] passive connections wait for accept or RTU (further REQs are
 //!   refused, nothing kept); a REQ the application leaves unanswered is forgotten after
 //!   [`CmAgent::half_open_timeout`]; an unanswered REP ends after its retries; a closed
-//!   connection is forgotten after [`CmAgent::time_wait`]. A repeated REQ is found by
-//!   (peer, remote comm id) in O(1). What was refused or thrown away is in [`CmCounters`].
+//!   connection is forgotten after [`CmAgent::time_wait`]. SIDR_REQs count against the same
+//!   backlog and age limit; a SIDR_REQ for a service nobody listens on is answered and nothing
+//!   kept; an answered one stays for `time_wait` to answer repeats. An active connection whose
+//!   RTU the application holds back ([`ConnParams::defer_rtu`]) is forgotten after
+//!   `half_open_timeout`. A repeated REQ or SIDR_REQ is found by (peer, remote id) in O(1). What
+//!   was refused or thrown away is in [`CmCounters`].
 //!
-//! Not yet: MRA, LAP/APR (alternate paths), SIDR, and the time-wait state's stale-connection
-//! checks. `rocemu-tools`' `rdmacm` wires it to an engine for `rocemu rping`, `perf -R` and
+//! Not yet: LAP/APR (alternate paths), sending an MRA for a REP, and the time-wait state's
+//! stale-connection checks. `rocemu-tools`' `rdmacm` wires it to an engine for `rocemu rping`, `perf -R` and
 //! `pingpong --rdma-cm`; the conformance agent (`rocemu-conformance`, `agent::cm`) to its RNIC.
 use crate::rng::{KeyRng, Seed};
 use crate::time::Nanos;
 use rocemu_wire::cm::{
-    CmMadRepr, CmMessage, CmPath, CommId, DreqRepr, Guid, MsgKind, RejReason, RejRepr, RepRepr,
-    ReqRepr, RtuRepr, ServiceId, ServiceType,
+    private_len, CmMadRepr, CmMessage, CmPath, CommId, DreqRepr, Guid, MraRepr, MsgKind, RejReason,
+    RejRepr, RepRepr, ReqRepr, RtuRepr, ServiceId, ServiceType, SidrRepRepr, SidrReqRepr,
+    SidrStatus,
 };
 use rocemu_wire::mad::{timeout_nanos, Tid, MAD_LEN};
-use rocemu_wire::{PKey, Psn, QKey, Qpn};
+use rocemu_wire::{PKey, QKey, Qpn};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::{IpAddr, Ipv6Addr};
 
@@ -64,12 +72,22 @@ pub struct CmAgent {
     /// How long a closed connection is kept to answer the peer's repeats (a lost DREP, RTU)
     /// before it is forgotten. [`CmAgent::DEFAULT_TIME_WAIT`].
     pub time_wait: Nanos,
+    /// Answer every REQ handed to the application with an MRA at once, with this 5-bit
+    /// service timeout exponent (4.096 µs × 2^n: "the answer may take this long"), and every
+    /// repeat of it with the same MRA until the application answers. The REQ is then kept at
+    /// least that long (not just [`CmAgent::half_open_timeout`]). None (the default): no MRA;
+    /// a repeated REQ is not answered while the application decides. Linux's rdma_cm sends its
+    /// MRA (exponent 24, about 69 s) only for a repeated REQ (`CMA_CM_MRA_SETTING` with
+    /// `IB_CM_MRA_FLAG_DELAY`, cma.c / cm.c `cm_dup_req_handler`).
+    pub mra_on_req: Option<u8>,
     listens: Vec<ServiceId>,
     /// By local comm id: a `BTreeMap`, so that nothing depends on a hasher's order.
     conns: BTreeMap<u32, Conn>,
     /// (peer, remote comm id) → local comm id, for connections whose remote id is known: a
     /// repeated REQ is found in O(1) (IBTA 12.9.5.1 identifies a REQ by both).
     by_remote: HashMap<(IpAddr, u32), u32>,
+    /// (peer, SIDR request id) → local id, for the SIDR_REQs we hold.
+    sidr_by_remote: HashMap<(IpAddr, u32), u32>,
     book: Book,
     counters: CmCounters,
     /// The latest `now` seen, for the calls that take none (`reject`, `close`).
@@ -114,9 +132,11 @@ impl CmAgent {
             max_half_open: Self::DEFAULT_MAX_HALF_OPEN,
             half_open_timeout: Self::DEFAULT_HALF_OPEN_TIMEOUT,
             time_wait: Self::DEFAULT_TIME_WAIT,
+            mra_on_req: None,
             listens: Vec::new(),
             conns: BTreeMap::new(),
             by_remote: HashMap::new(),
+            sidr_by_remote: HashMap::new(),
             book: Book::default(),
             counters: CmCounters::default(),
             now: Nanos::ZERO,
@@ -125,15 +145,15 @@ impl CmAgent {
         }
     }
 
-    /// Accept REQs for `service`.
+    /// Accept REQs and SIDR_REQs for `service`.
     pub fn listen(&mut self, service: ServiceId) {
         if !self.listens.contains(&service) {
             self.listens.push(service);
         }
     }
 
-    /// Stops accepting REQs for `service`: later ones are rejected (reason 8). Connections
-    /// already made are not touched.
+    /// Stops accepting REQs for `service`: later ones are rejected (reason 8; a SIDR_REQ gets
+    /// status UNSUPPORTED). Connections already made are not touched.
     pub fn unlisten(&mut self, service: ServiceId) {
         self.listens.retain(|s| *s != service);
     }
@@ -175,7 +195,12 @@ impl CmAgent {
         self.book.set_state(&mut c, s);
         self.book.set_deadline(id, &mut c, d);
         if c.remote_comm_id.0 != 0 {
-            self.by_remote.insert((c.peer, c.remote_comm_id.0), id);
+            let index = if c.sidr {
+                &mut self.sidr_by_remote
+            } else {
+                &mut self.by_remote
+            };
+            index.insert((c.peer, c.remote_comm_id.0), id);
         }
         self.conns.insert(id, c);
     }
@@ -184,11 +209,25 @@ impl CmAgent {
         let mut c = self.conns.remove(&id)?;
         self.book.set_state(&mut c, CmState::TimeWait);
         self.book.set_deadline(id, &mut c, None);
-        if c.remote_comm_id.0 != 0 && self.by_remote.get(&(c.peer, c.remote_comm_id.0)) == Some(&id)
-        {
-            self.by_remote.remove(&(c.peer, c.remote_comm_id.0));
+        let index = if c.sidr {
+            &mut self.sidr_by_remote
+        } else {
+            &mut self.by_remote
+        };
+        let key = (c.peer, c.remote_comm_id.0);
+        if c.remote_comm_id.0 != 0 && index.get(&key) == Some(&id) {
+            index.remove(&key);
         }
         Some(c)
+    }
+
+    /// Forgets `id` and the events about it still queued; true when some were (the
+    /// application had not seen them).
+    fn forget_unseen(&mut self, id: u32) -> bool {
+        self.forget(id);
+        let before = self.events.len();
+        self.events.retain(|e| e.id() != CommId(id));
+        self.events.len() != before
     }
 
     /// Active side: sends a REQ for `service` at `peer`.
@@ -238,17 +277,12 @@ impl CmAgent {
         self.insert(
             id.0,
             Conn {
-                state: CmState::ReqSent,
-                remote_comm_id: CommId(0),
-                peer,
-                tid,
                 local_qpn: p.qpn,
-                remote_qpn: Qpn::new(0),
-                remote_psn: Psn::new(0),
                 pending: Some(mad),
                 retries_left: self.max_cm_retries,
                 deadline: Some(deadline),
-                last_answer: None,
+                defer_rtu: p.defer_rtu,
+                ..Conn::new(CmState::ReqSent, peer, tid)
             },
         );
         id
@@ -279,6 +313,7 @@ impl CmAgent {
             target_ack_delay: 15,
             rnr_retry_count: p.rnr_retry_count,
             local_ca_guid: guid,
+            private_data: p.rep_private_data,
             ..RepRepr::default()
         };
         let mad = CmMadRepr::new(c.tid, CmMessage::Rep(rep));
@@ -292,26 +327,177 @@ impl CmAgent {
         Ok(())
     }
 
-    /// Passive side: refuses a [`CmEvent::ConnectRequest`] (or, REP sent, the connection it
-    /// was to become).
+    /// Refuses a [`CmEvent::ConnectRequest`] (or, REP sent, the connection it was to become;
+    /// or, [`CmState::RepRcvd`], the peer's REP; or a [`CmEvent::SidrRequest`]): `reject_with`
+    /// without private data.
     pub fn reject(&mut self, id: CommId, reason: RejReason) {
+        self.reject_with(id, reason, &[]);
+    }
+
+    /// Sends a REJ with `reason` and the first 148 bytes of `private_data` (zero padded;
+    /// longer is cut: librdmacm checks the length before it gets here), then keeps the
+    /// connection in time-wait, answering a repeat of the rejected message with the same REJ.
+    /// The message rejected is the REQ (states `ReqRcvd`, or "other" from `ReqSent`) or the REP
+    /// (`RepSent`, `RepRcvd`), as Linux's `cm_format_rej` says. A SIDR request
+    /// ([`CmState::SidrReqRcvd`]) gets a SIDR_REP with status REJECT and the first 136 bytes
+    /// instead, as librdmacm's `rdma_reject` on a UDP id does (cma.c `cma_send_sidr_rep`;
+    /// `reason` is not on that wire). In any other state (or an unknown id) nothing happens.
+    pub fn reject_with(&mut self, id: CommId, reason: RejReason, private_data: &[u8]) {
         let until = self.now + self.time_wait;
-        if let Some(c) = self.conns.get_mut(&id.0) {
-            let rej = RejRepr {
+        let Some(c) = self.conns.get_mut(&id.0) else {
+            return;
+        };
+        let mad = match c.state {
+            CmState::SidrReqRcvd => CmMadRepr::new(
+                c.tid,
+                CmMessage::SidrRep(SidrRepRepr {
+                    request_id: c.remote_comm_id,
+                    status: SidrStatus::REJECT,
+                    service_id: c.service,
+                    private_data: pad(private_data),
+                    ..SidrRepRepr::default()
+                }),
+            ),
+            s @ (CmState::ReqSent | CmState::ReqRcvd | CmState::RepSent | CmState::RepRcvd) => {
+                CmMadRepr::new(
+                    c.tid,
+                    CmMessage::Rej(RejRepr {
+                        local_comm_id: id,
+                        remote_comm_id: c.remote_comm_id,
+                        message_rejected: match s {
+                            CmState::ReqSent => MsgKind::Other,
+                            CmState::ReqRcvd => MsgKind::Req,
+                            _ => MsgKind::Rep,
+                        },
+                        reason,
+                        private_data: pad(private_data),
+                        ..RejRepr::default()
+                    }),
+                )
+            }
+            _ => return,
+        };
+        self.out.push_back((c.peer, mad));
+        self.book.time_wait(id.0, c, until);
+        c.last_answer = Some(mad);
+    }
+
+    /// Active side, [`ConnParams::defer_rtu`]: sends the RTU for the REP reported in
+    /// [`CmEvent::RepReceived`]; the connection is established (no further event). A later
+    /// repeat of the REP gets the RTU again. Linux: `ib_send_cm_rtu` from `IB_CM_REP_RCVD`.
+    pub fn establish(&mut self, now: Nanos, id: CommId) -> Result<(), String> {
+        self.tick(now);
+        let Some(c) = self.conns.get_mut(&id.0) else {
+            return Err(format!("no connection {id}"));
+        };
+        if c.state != CmState::RepRcvd {
+            return Err(format!(
+                "connection {id} is {:?}, not waiting for establish",
+                c.state
+            ));
+        }
+        let rtu = CmMadRepr::new(
+            c.tid,
+            CmMessage::Rtu(RtuRepr {
                 local_comm_id: id,
                 remote_comm_id: c.remote_comm_id,
-                message_rejected: if c.state == CmState::RepSent {
-                    MsgKind::Rep
-                } else {
-                    MsgKind::Req
-                },
-                reason,
-                ..RejRepr::default()
-            };
-            self.out
-                .push_back((c.peer, CmMadRepr::new(c.tid, CmMessage::Rej(rej))));
-            self.book.time_wait(id.0, c, until);
+                ..RtuRepr::default()
+            }),
+        );
+        self.book.set_state(c, CmState::Established);
+        self.book.set_deadline(id.0, c, None);
+        c.last_answer = Some(rtu);
+        self.out.push_back((c.peer, rtu));
+        Ok(())
+    }
+
+    /// Active side of service ID resolution (IBTA 12.11; rdma_cm's `RDMA_PS_UDP`): sends a
+    /// SIDR_REQ for `service` at `peer` with the first 216 bytes of `private_data` (zero padded;
+    /// longer is cut), retransmitted as a REQ is. Ends with [`CmEvent::SidrReply`] or
+    /// [`CmEvent::Timeout`], after which the id is forgotten. The id returned is the SIDR_REQ's
+    /// Request ID.
+    pub fn sidr_request(
+        &mut self,
+        now: Nanos,
+        peer: IpAddr,
+        service: ServiceId,
+        private_data: &[u8],
+    ) -> CommId {
+        self.tick(now);
+        let id = self.new_comm_id();
+        let tid = Tid(self.rng.next_u64());
+        let mad = CmMadRepr::new(
+            tid,
+            CmMessage::SidrReq(SidrReqRepr {
+                request_id: id,
+                pkey: PKey::DEFAULT,
+                service_id: service,
+                private_data: pad(private_data),
+                ..SidrReqRepr::default()
+            }),
+        );
+        self.out.push_back((peer, mad));
+        let deadline = self.wait(now);
+        self.insert(
+            id.0,
+            Conn {
+                pending: Some(mad),
+                retries_left: self.max_cm_retries,
+                deadline: Some(deadline),
+                service,
+                sidr: true,
+                ..Conn::new(CmState::SidrReqSent, peer, tid)
+            },
+        );
+        id
+    }
+
+    /// Passive side: answers a [`CmEvent::SidrRequest`] with a SIDR_REP: `status`, and for
+    /// [`SidrStatus::SUCCESS`] the UD QP and Q_Key behind the service; at most 136 bytes of
+    /// private data (more is an error, nothing sent). The request is then kept for
+    /// [`CmAgent::time_wait`] to answer the requester's repeats with the same SIDR_REP (Linux
+    /// forgets it at once, `cm_send_sidr_rep_locked`, so a repeat is a new request there).
+    pub fn sidr_reply(
+        &mut self,
+        id: CommId,
+        status: SidrStatus,
+        qpn: Qpn,
+        qkey: QKey,
+        private_data: &[u8],
+    ) -> Result<(), String> {
+        if private_data.len() > private_len::SIDR_REP {
+            return Err(format!(
+                "{} bytes of SIDR_REP private data, at most {}",
+                private_data.len(),
+                private_len::SIDR_REP
+            ));
         }
+        let until = self.now + self.time_wait;
+        let Some(c) = self.conns.get_mut(&id.0) else {
+            return Err(format!("no SIDR request {id}"));
+        };
+        if c.state != CmState::SidrReqRcvd {
+            return Err(format!(
+                "{id} is {:?}, not a SIDR request waiting for an answer",
+                c.state
+            ));
+        }
+        let mad = CmMadRepr::new(
+            c.tid,
+            CmMessage::SidrRep(SidrRepRepr {
+                request_id: c.remote_comm_id,
+                status,
+                qpn,
+                service_id: c.service,
+                qkey,
+                private_data: pad(private_data),
+                ..SidrRepRepr::default()
+            }),
+        );
+        self.out.push_back((c.peer, mad));
+        self.book.time_wait(id.0, c, until);
+        c.last_answer = Some(mad);
+        Ok(())
     }
 
     /// Sends a DREQ on an established connection.
@@ -340,11 +526,12 @@ impl CmAgent {
         Ok(())
     }
 
-    /// Ends a connection for good, as Linux's `ib_destroy_cm_id` does: a DREQ when it is
-    /// established, a REJ (consumer defined) while the REQ or our REP awaits an answer, nothing
-    /// once it is closing or closed; then forgets it, so that nothing is sent again and no event
-    /// or timer is left. A later MAD naming it is treated as one for an unknown connection (a
-    /// DREQ still gets its DREP).
+    /// Ends a connection for good, as Linux's `ib_destroy_cm_id` does (cm.c `cm_destroy_id`):
+    /// a DREQ when it is established, a REJ (consumer defined) while the REQ, our REP or the
+    /// peer's REP awaits an answer, a SIDR_REP with status REJECT for a SIDR request not yet
+    /// answered, nothing for our own REQ or SIDR_REQ or once it is closing or closed; then
+    /// forgets it, so that nothing is sent again and no event or timer is left. A later MAD
+    /// naming it is treated as one for an unknown connection (a DREQ still gets its DREP).
     pub fn close(&mut self, id: CommId) {
         match self.state(id) {
             Some(CmState::Established) => {
@@ -359,23 +546,32 @@ impl CmAgent {
                     self.out.push_back((c.peer, mad));
                 }
             }
-            Some(CmState::ReqRcvd | CmState::RepSent) => {
+            Some(CmState::ReqRcvd | CmState::RepSent | CmState::RepRcvd | CmState::SidrReqRcvd) => {
                 self.reject(id, RejReason::CONSUMER_DEFINED)
             }
             _ => {}
         }
-        self.forget(id.0);
-        self.events.retain(|e| e.id() != id);
+        self.forget_unseen(id.0);
     }
 
     /// Forgets a connection without a word: for a REQ whose sender cannot be reached (its
     /// address never resolves), where a REJ would have nowhere to go.
     pub fn abandon(&mut self, id: CommId) {
-        self.forget(id.0);
-        self.events.retain(|e| e.id() != id);
+        self.forget_unseen(id.0);
     }
 
     /// A MAD that arrived on QP1 from `from`.
+    ///
+    /// An MRA (IBTA 12.6.6) for our REQ (state `ReqSent`, message MRAed REQ) or our REP
+    /// (`RepSent`, message MRAed REP, from the connection's peer id) is counted
+    /// ([`CmCounters::mras_received`]); the first one moves the next retransmission to at least
+    /// its service timeout plus our response timeout from now (4.096 µs × (2^service +
+    /// 2^`cm_response_timeout`)), later ones change nothing. The retries left are not touched:
+    /// when the stretched wait ends unanswered, the message goes again at the usual interval.
+    /// This is Linux's cm.c `cm_mra_handler` (the sum of the MRA's service timeout and the
+    /// path's timeout, where we take our CM response timeout) with mad.c's `ib_modify_mad`
+    /// since "IB/mad: Apply timeout modification (CM MRA) only once" (2024, citing IBTA 1.7
+    /// 12.6.6): the stretch applies to the next retry only.
     pub fn handle_mad(&mut self, now: Nanos, from: IpAddr, bytes: &[u8]) {
         self.tick(now);
         let Ok(m) = CmMadRepr::parse(bytes) else {
@@ -386,7 +582,7 @@ impl CmAgent {
         let until = now + self.time_wait;
         match m.msg {
             CmMessage::Req(r) => self.on_req(now, from, tid, r),
-            CmMessage::Rep(r) => self.on_rep(r),
+            CmMessage::Rep(r) => self.on_rep(now, r),
             CmMessage::Rtu(r) => match self.conns.get_mut(&r.remote_comm_id.0) {
                 Some(c) if c.state == CmState::RepSent && c.remote_comm_id == r.local_comm_id => {
                     self.book.set_state(c, CmState::Established);
@@ -397,6 +593,7 @@ impl CmAgent {
                         remote_qpn: c.remote_qpn,
                         remote_psn: c.remote_psn,
                         rep_rd_atomic: None,
+                        private_data: Box::new(pad(&r.private_data)),
                     });
                 }
                 // A repeated RTU (its REP was sent twice): nothing to do.
@@ -405,13 +602,15 @@ impl CmAgent {
             },
             CmMessage::Rej(r) => match self.conns.get_mut(&r.remote_comm_id.0) {
                 Some(c)
-                    if matches!(c.state, CmState::ReqSent | CmState::RepSent)
-                        && (c.state == CmState::ReqSent || c.remote_comm_id == r.local_comm_id) =>
+                    if c.state == CmState::ReqSent
+                        || (matches!(c.state, CmState::RepSent | CmState::RepRcvd)
+                            && c.remote_comm_id == r.local_comm_id) =>
                 {
                     self.book.time_wait(r.remote_comm_id.0, c, until);
                     self.events.push_back(CmEvent::Rejected {
                         id: r.remote_comm_id,
                         reason: r.reason,
+                        private_data: Box::new(r.private_data),
                     });
                 }
                 _ => self.counters.unknown_connection += 1,
@@ -457,9 +656,101 @@ impl CmAgent {
                 Some(c) if c.state == CmState::TimeWait => {}
                 _ => self.counters.unknown_connection += 1,
             },
-            // MRA would stretch our timer; SIDR and the rest are not ours yet.
-            _ => {}
+            CmMessage::Mra(r) => self.on_mra(now, r),
+            CmMessage::SidrReq(r) => self.on_sidr_req(now, from, tid, r),
+            CmMessage::SidrRep(r) => match self.conns.get(&r.request_id.0) {
+                // Only the request id names it: the answer must also come from where we asked.
+                Some(c) if c.state == CmState::SidrReqSent && c.peer == from => {
+                    self.forget(r.request_id.0);
+                    self.events.push_back(CmEvent::SidrReply {
+                        id: r.request_id,
+                        status: r.status,
+                        qpn: r.qpn,
+                        qkey: r.qkey,
+                        private_data: Box::new(r.private_data),
+                    });
+                }
+                _ => self.counters.unknown_connection += 1,
+            },
         }
+    }
+
+    fn on_mra(&mut self, now: Nanos, r: MraRepr) {
+        let Some(c) = self.conns.get_mut(&r.remote_comm_id.0) else {
+            self.counters.unknown_connection += 1;
+            return;
+        };
+        let ours = match (c.state, r.message_mraed) {
+            (CmState::ReqSent, MsgKind::Req) => true,
+            (CmState::RepSent, MsgKind::Rep) => c.remote_comm_id == r.local_comm_id,
+            _ => false,
+        };
+        if !ours {
+            self.counters.unknown_connection += 1;
+            return;
+        }
+        self.counters.mras_received += 1;
+        if c.mra_received {
+            return;
+        }
+        c.mra_received = true;
+        let stretched = now
+            + Nanos(timeout_nanos(r.service_timeout))
+            + Nanos(timeout_nanos(self.cm_response_timeout));
+        let d = c.deadline.map_or(stretched, |d| d.max(stretched));
+        self.book.set_deadline(r.remote_comm_id.0, c, Some(d));
+    }
+
+    fn on_sidr_req(&mut self, now: Nanos, from: IpAddr, tid: Tid, r: SidrReqRepr) {
+        // A repeat: the same answer again, or quiet while the application decides.
+        if let Some(id) = self.sidr_by_remote.get(&(from, r.request_id.0)) {
+            self.counters.sidr_reqs_duplicate += 1;
+            if let Some(a) = self.conns.get(id).and_then(|c| c.last_answer) {
+                self.out.push_back((from, a));
+            }
+            return;
+        }
+        self.counters.sidr_reqs_received += 1;
+        let refuse = |status| {
+            let rep = SidrRepRepr {
+                request_id: r.request_id,
+                status,
+                service_id: r.service_id,
+                ..SidrRepRepr::default()
+            };
+            (from, CmMadRepr::new(tid, CmMessage::SidrRep(rep)))
+        };
+        if !self.listens.contains(&r.service_id) {
+            // Linux's cm_sidr_req_handler: no listener, a SIDR_REP with status
+            // IB_SIDR_UNSUPPORTED, and the request is not kept.
+            self.counters.sidr_reqs_no_listener += 1;
+            self.out.push_back(refuse(SidrStatus::UNSUPPORTED));
+            return;
+        }
+        if self.book.half_open >= self.max_half_open {
+            // Linux has no backlog here; REJECT is what it answers a request its listener
+            // will not take (cm_destroy_id in IB_CM_SIDR_REQ_RCVD).
+            self.counters.sidr_reqs_rejected_backlog += 1;
+            self.out.push_back(refuse(SidrStatus::REJECT));
+            return;
+        }
+        let id = self.new_comm_id();
+        self.insert(
+            id.0,
+            Conn {
+                remote_comm_id: r.request_id,
+                deadline: Some(now + self.half_open_timeout),
+                service: r.service_id,
+                sidr: true,
+                ..Conn::new(CmState::SidrReqRcvd, from, tid)
+            },
+        );
+        self.events.push_back(CmEvent::SidrRequest {
+            id,
+            from,
+            service: r.service_id,
+            private_data: Box::new(r.private_data),
+        });
     }
 
     fn on_req(&mut self, now: Nanos, from: IpAddr, tid: Tid, r: ReqRepr) {
@@ -468,6 +759,9 @@ impl CmAgent {
         if let Some(id) = self.by_remote.get(&(from, r.local_comm_id.0)) {
             self.counters.reqs_duplicate += 1;
             if let Some(a) = self.conns.get(id).and_then(|c| c.last_answer) {
+                if matches!(a.msg, CmMessage::Mra(_)) {
+                    self.counters.mras_sent += 1;
+                }
                 self.out.push_back((from, a));
             }
             return;
@@ -496,20 +790,32 @@ impl CmAgent {
             return;
         }
         let id = self.new_comm_id();
+        // With an MRA out, the REQ is kept at least as long as the MRA promised.
+        let mra = self.mra_on_req.map(|e| {
+            let m = CmMadRepr::new(
+                tid,
+                CmMessage::Mra(MraRepr {
+                    local_comm_id: id,
+                    remote_comm_id: r.local_comm_id,
+                    message_mraed: MsgKind::Req,
+                    service_timeout: e & 0x1f,
+                    ..MraRepr::default()
+                }),
+            );
+            (m, Nanos(timeout_nanos(e)))
+        });
+        let age = mra.map_or(self.half_open_timeout, |(_, t)| {
+            self.half_open_timeout.max(t)
+        });
         self.insert(
             id.0,
             Conn {
-                state: CmState::ReqRcvd,
                 remote_comm_id: r.local_comm_id,
-                peer: from,
-                tid,
-                local_qpn: Qpn::new(0),
                 remote_qpn: r.local_qpn,
                 remote_psn: r.starting_psn,
-                pending: None,
-                retries_left: 0,
-                deadline: Some(now + self.half_open_timeout),
-                last_answer: None,
+                deadline: Some(now + age),
+                last_answer: mra.map(|(m, _)| m),
+                ..Conn::new(CmState::ReqRcvd, from, tid)
             },
         );
         self.events.push_back(CmEvent::ConnectRequest {
@@ -517,14 +823,37 @@ impl CmAgent {
             from,
             req: Box::new(r),
         });
+        if let Some((m, _)) = mra {
+            self.counters.mras_sent += 1;
+            self.out.push_back((from, m));
+        }
     }
 
-    fn on_rep(&mut self, r: RepRepr) {
+    fn on_rep(&mut self, now: Nanos, r: RepRepr) {
         let Some(c) = self.conns.get_mut(&r.remote_comm_id.0) else {
             self.counters.unknown_connection += 1;
             return;
         };
         match c.state {
+            CmState::ReqSent if c.defer_rtu => {
+                c.remote_comm_id = r.local_comm_id;
+                c.remote_qpn = r.local_qpn;
+                c.remote_psn = r.starting_psn;
+                c.pending = None;
+                self.book.set_state(c, CmState::RepRcvd);
+                // Bounded: the application has half_open_timeout to call establish.
+                self.book
+                    .set_deadline(r.remote_comm_id.0, c, Some(now + self.half_open_timeout));
+                self.by_remote
+                    .insert((c.peer, r.local_comm_id.0), r.remote_comm_id.0);
+                self.events.push_back(CmEvent::RepReceived {
+                    id: r.remote_comm_id,
+                    remote_qpn: r.local_qpn,
+                    remote_psn: r.starting_psn,
+                    rep_rd_atomic: (r.responder_resources, r.initiator_depth),
+                    private_data: Box::new(r.private_data),
+                });
+            }
             CmState::ReqSent => {
                 c.remote_comm_id = r.local_comm_id;
                 c.remote_qpn = r.local_qpn;
@@ -549,8 +878,12 @@ impl CmAgent {
                     remote_qpn: r.local_qpn,
                     remote_psn: r.starting_psn,
                     rep_rd_atomic: Some((r.responder_resources, r.initiator_depth)),
+                    private_data: Box::new(r.private_data),
                 });
             }
+            // A repeated REP while the application holds the RTU back: nothing to say yet
+            // (Linux's cm_rep_handler drops it in IB_CM_REP_RCVD too).
+            CmState::RepRcvd if c.remote_comm_id == r.local_comm_id => {}
             // A repeated REP: our RTU was lost.
             CmState::Established if c.remote_comm_id == r.local_comm_id => {
                 if let Some(a) = c.last_answer {
@@ -577,8 +910,9 @@ impl CmAgent {
         self.book.timers.first().map(|&(d, _)| d)
     }
 
-    /// Retransmits what is due, gives up on what has run out of retries, forgets the REQs
-    /// nobody answered in time and the connections whose time-wait is over: in the order of
+    /// Retransmits what is due, gives up on what has run out of retries, forgets the REQs and
+    /// SIDR_REQs nobody answered in time, the deferred RTUs never sent (with a REJ, as
+    /// [`CmAgent::close`]) and the connections whose time-wait is over: in the order of
     /// (deadline, comm id). Idempotent for a given `now`.
     pub fn handle_timeout(&mut self, now: Nanos) {
         self.tick(now);
@@ -597,14 +931,19 @@ impl CmAgent {
                     self.counters.time_wait_reaped += 1;
                     self.forget(id);
                 }
-                (CmState::ReqRcvd, _, _) => {
+                (CmState::ReqRcvd | CmState::SidrReqRcvd, _, _) => {
                     // The application never answered: forget the REQ (the peer's own timer
                     // ends its side). If the application has not seen it either, it never will.
                     self.counters.half_open_expired += 1;
-                    self.forget(id);
-                    let before = self.events.len();
-                    self.events.retain(|e| e.id() != CommId(id));
-                    if self.events.len() == before {
+                    if !self.forget_unseen(id) {
+                        self.events.push_back(CmEvent::Timeout { id: CommId(id) });
+                    }
+                }
+                (CmState::RepRcvd, _, _) => {
+                    // The application never sent its RTU: take the connection back.
+                    self.counters.establish_expired += 1;
+                    self.reject(CommId(id), RejReason::CONSUMER_DEFINED);
+                    if !self.forget_unseen(id) {
                         self.events.push_back(CmEvent::Timeout { id: CommId(id) });
                     }
                 }
@@ -612,6 +951,12 @@ impl CmAgent {
                     c.retries_left -= 1;
                     self.book.set_deadline(id, c, Some(now + wait));
                     self.out.push_back((c.peer, m));
+                }
+                (CmState::SidrReqSent, _, _) => {
+                    // Nothing to answer later: no time-wait for a SIDR_REQ.
+                    self.counters.timeouts += 1;
+                    self.forget(id);
+                    self.events.push_back(CmEvent::Timeout { id: CommId(id) });
                 }
                 _ => {
                     self.counters.timeouts += 1;
@@ -626,4 +971,13 @@ impl CmAgent {
     pub fn local_qpn(&self, id: CommId) -> Option<Qpn> {
         self.conns.get(&id.0).map(|c| c.local_qpn)
     }
+}
+
+/// The first `N` bytes of `b`, zero padded: private data as the wire carries it (its length is
+/// not on the wire; IBTA 12.6: senders pad with zeros).
+fn pad<const N: usize>(b: &[u8]) -> [u8; N] {
+    let mut out = [0u8; N];
+    let n = b.len().min(N);
+    out[..n].copy_from_slice(&b[..n]);
+    out
 }
