@@ -1341,6 +1341,10 @@ fn create_qp(
     if init.srq.is_null() && !i.srq.is_null() {
         init.srq = i.srq;
     }
+    // rdma_create_ep's callers leave the type to the address info (the id's).
+    if init.qp_type == 0 {
+        init.qp_type = i.qp_type;
+    }
     let qp = verbs::ibv_create_qp(pd, init);
     if qp.is_null() {
         let e = std::io::Error::last_os_error()
@@ -1352,6 +1356,8 @@ fn create_qp(
         return Err(e);
     }
     i.qp = qp;
+    // As librdmacm: the id remembers its QP's PD (rdma_reg_msgs registers with `id->pd`).
+    i.pd = pd;
     let steps: &[c_int] = if init.qp_type == IBV_QPT_UD {
         &[IBV_QPS_INIT, IBV_QPS_RTR, IBV_QPS_RTS]
     } else {
