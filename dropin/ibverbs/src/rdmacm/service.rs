@@ -43,6 +43,8 @@ const ID_SEND: u64 = 2 << 32;
 pub const QUEUE_MAX: usize = 4096;
 const UNRESOLVED_PEERS: usize = 64;
 const UNRESOLVED_MADS: usize = 8;
+/// MADs that may wait for a send buffer (a burst of connects: cmtime -c 1000).
+const BACKLOG_MAX: usize = 4096;
 /// How often an address being resolved is asked about again.
 const ASK_EVERY: Duration = Duration::from_millis(250);
 /// How long MADs wait for their destination's MAC.
@@ -251,6 +253,8 @@ pub struct Service {
     /// Channel → its unread events.
     pub queues: HashMap<usize, VecDeque<Box<Ev>>>,
     unresolved: Vec<Unresolved>,
+    /// MADs waiting for a free send buffer, oldest first.
+    backlog: VecDeque<(IpAddr, Mac, [u8; MAD_LEN])>,
     /// Ids whose address is being resolved.
     pub resolving: Vec<usize>,
     pub rng: KeyRng,
@@ -309,6 +313,7 @@ impl Service {
             listeners: HashMap::new(),
             queues: HashMap::new(),
             unresolved: Vec::new(),
+            backlog: VecDeque::new(),
             resolving: Vec::new(),
             rng,
             clock0: Instant::now(),
@@ -435,7 +440,20 @@ impl Service {
         });
     }
 
+    /// Posts `mad` from a free send buffer, or queues it (bounded) until one is free.
     fn post_mad(&mut self, r: &mut Rnic, to: IpAddr, mac: Mac, mad: &[u8; MAD_LEN]) {
+        if self.free_sends.is_empty() || !self.backlog.is_empty() {
+            if self.backlog.len() < BACKLOG_MAX {
+                self.backlog.push_back((to, mac, *mad));
+            } else {
+                self.counters.mads_dropped_full += 1;
+            }
+            return;
+        }
+        self.post_now(r, to, mac, mad);
+    }
+
+    fn post_now(&mut self, r: &mut Rnic, to: IpAddr, mac: Mac, mad: &[u8; MAD_LEN]) {
         let Some(slot) = self.free_sends.pop() else {
             self.counters.mads_dropped_full += 1;
             return;
@@ -941,6 +959,12 @@ pub fn turn(nic: &Nic, svc: &mut Service, r: &mut Rnic, engine: &mut Engine) -> 
         let _ = svc.post_recv(r, i);
     }
     svc.wcs = wcs;
+    while !svc.free_sends.is_empty() {
+        let Some((to, mac, mad)) = svc.backlog.pop_front() else {
+            break;
+        };
+        svc.post_now(r, to, mac, &mad);
+    }
     if svc.agent.poll_timeout().is_some_and(|t| t <= now) {
         svc.agent.handle_timeout(now);
     }
