@@ -297,9 +297,10 @@ impl Service {
         r.ready_gsi_qp(qpn).map_err(|e| e.to_string())?;
         let seed = r.random_seed();
         let mut agent = CmAgent::with_seed(ips[ips.len() - 1], r.node_guid(), &seed);
-        // As Linux's rdma_cm for a program's connection request: an MRA at once when the REQ
-        // is repeated before the program answered.
+        // As Linux's rdma_cm for a program's connection request: an MRA (service timeout 24,
+        // about 69 s) when the REQ is repeated before the program answered.
         agent.mra_on_req = Some(24);
+        agent.mra_at_once = false;
         let mut rng = KeyRng::new(&r.random_seed());
         let next_port = 32768 + (rng.next_u32() % 28000) as u16;
         let s = Service {
