@@ -865,9 +865,6 @@ pub extern "C" fn rdma_accept(id: *mut rdma_cm_id, param: *mut rdma_conn_param) 
             if !(1..=5).contains(&st.conn.path_mtu) || st.conn.path_mtu > mtu {
                 st.conn.path_mtu = mtu;
             }
-            if let Some(p) = p {
-                st.conn.rnr_retry_count = p.rnr_retry_count.min(7);
-            }
         }
         if !qp.is_null() {
             if let Err(e) = move_qp(id, IBV_QPS_RTR).and_then(|_| move_qp(id, IBV_QPS_RTS)) {
@@ -895,7 +892,9 @@ pub extern "C" fn rdma_accept(id: *mut rdma_cm_id, param: *mut rdma_conn_param) 
                 path_mtu: st.conn.path_mtu,
                 responder_resources: st.conn.resp_res,
                 initiator_depth: st.conn.init_depth,
-                rnr_retry_count: st.conn.rnr_retry_count,
+                // The REP's RNR retry count is what this end asks the other to use (our QP uses
+                // the REQ's, as Linux's ib_cm does).
+                rnr_retry_count: p.map_or(7, |p| p.rnr_retry_count.min(7)),
                 rep_private_data: rep,
                 ..ConnParams::default()
             };

@@ -602,9 +602,9 @@ impl Service {
                 }
                 self.event(cid, ev);
             }
-            CmEvent::Established {
-                id, private_data, ..
-            } => {
+            // Passive side, the RTU came: ESTABLISHED without private data, as the kernel's
+            // cma reports it.
+            CmEvent::Established { id, .. } => {
                 let Some(&cid) = self.by_comm.get(&id.0) else {
                     return;
                 };
@@ -613,9 +613,7 @@ impl Service {
                     return;
                 }
                 s.st = St::Connected;
-                let mut ev = Ev::new(cid, RDMA_CM_EVENT_ESTABLISHED, 0);
-                ev.set_conn_data(&private_data[..]);
-                self.event(cid, ev);
+                self.event(cid, Ev::new(cid, RDMA_CM_EVENT_ESTABLISHED, 0));
             }
             CmEvent::Rejected {
                 id,
