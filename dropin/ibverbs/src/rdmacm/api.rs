@@ -168,16 +168,31 @@ pub extern "C" fn rdma_get_cm_event(
         if ch.is_null() || event.is_null() {
             return err(EINVAL);
         }
-        {
+        // Our own reference to the channel's eventfd: a program may destroy the channel while
+        // another of its threads waits here (rping does, at its end). Then, as with the
+        // kernel's rdma_cm, the waiting thread stays blocked (nobody writes the old
+        // descriptor again) rather than read a descriptor number reused for something else.
+        let fd = {
             let (_, mut g) = tri!(locked());
             if !svc(&mut g).queues.contains_key(&(ch as usize)) {
                 return err(EINVAL);
             }
+            // SAFETY: a live channel of ours (checked under the lock); dup takes no pointers.
+            let fd = unsafe { libc::fcntl((*ch).fd, libc::F_DUPFD_CLOEXEC, 0) };
+            if fd < 0 {
+                return err(errno());
+            }
+            fd
+        };
+        struct Close(c_int);
+        impl Drop for Close {
+            fn drop(&mut self) {
+                // SAFETY: the duplicate made above, closed once.
+                unsafe { libc::close(self.0) };
+            }
         }
+        let _close = Close(fd);
         loop {
-            // SAFETY: a live channel of ours (checked above; the program does not destroy a
-            // channel it is reading).
-            let fd = unsafe { (*ch).fd };
             let mut v = 0u64;
             // SAFETY: reads 8 bytes into a local.
             let r = unsafe { libc::read(fd, (&mut v as *mut u64).cast(), 8) };
@@ -192,7 +207,8 @@ pub extern "C" fn rdma_get_cm_event(
                 let (_, mut g) = tri!(locked());
                 match svc(&mut g).queues.get_mut(&(ch as usize)) {
                     Some(q) => q.pop_front(),
-                    None => return err(EINVAL),
+                    // Destroyed while we waited: wait on (for good, as the kernel's would).
+                    None => continue,
                 }
             };
             let Some(mut ev) = ev else {

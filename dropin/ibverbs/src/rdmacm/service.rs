@@ -43,6 +43,8 @@ const ID_SEND: u64 = 2 << 32;
 pub const QUEUE_MAX: usize = 4096;
 const UNRESOLVED_PEERS: usize = 64;
 const UNRESOLVED_MADS: usize = 8;
+/// Connection requests that may wait for their sender's MAC at once.
+const WAITING_REQS_MAX: usize = 256;
 /// MADs that may wait for a send buffer (a burst of connects: cmtime -c 1000).
 const BACKLOG_MAX: usize = 4096;
 /// How often an address being resolved is asked about again.
@@ -237,6 +239,8 @@ pub struct Counters {
     pub mads_dropped_full: u64,
     pub events_dropped: u64,
     pub events_orphaned: u64,
+    /// Connection requests forgotten: their sender never answered ARP / ND.
+    pub reqs_unreachable: u64,
 }
 
 /// QP1, the agent and every id.
@@ -253,6 +257,10 @@ pub struct Service {
     /// Channel → its unread events.
     pub queues: HashMap<usize, VecDeque<Box<Ev>>>,
     unresolved: Vec<Unresolved>,
+    /// Connection requests (REQ, SIDR_REQ) whose sender's MAC is being asked for: handed to the
+    /// program once it answers ARP / ND (an answer could not reach it before), forgotten after
+    /// [`MAD_WAIT`] (as Linux's ib_cm drops a REQ whose sender's L2 address does not resolve).
+    waiting_reqs: VecDeque<(CmEvent, IpAddr, Instant, Instant)>,
     /// MADs waiting for a free send buffer, oldest first.
     backlog: VecDeque<(IpAddr, Mac, [u8; MAD_LEN])>,
     /// Ids whose address is being resolved.
@@ -315,6 +323,7 @@ impl Service {
             queues: HashMap::new(),
             unresolved: Vec::new(),
             backlog: VecDeque::new(),
+            waiting_reqs: VecDeque::new(),
             resolving: Vec::new(),
             rng,
             clock0: Instant::now(),
@@ -515,6 +524,42 @@ impl Service {
                 let _ = engine.solicit(r, to);
             }
             i += 1;
+        }
+    }
+
+    fn wait_for_sender(&mut self, r: &mut Rnic, engine: &mut Engine, e: CmEvent, ip: IpAddr) {
+        if self.waiting_reqs.len() >= WAITING_REQS_MAX || engine.solicit(r, ip).is_err() {
+            self.agent.abandon(e.id());
+            self.counters.reqs_unreachable += 1;
+            return;
+        }
+        let now = Instant::now();
+        self.waiting_reqs.push_back((e, ip, now, now));
+    }
+
+    fn serve_waiting_reqs(&mut self, r: &mut Rnic, engine: &mut Engine) {
+        let now = Instant::now();
+        for _ in 0..self.waiting_reqs.len() {
+            let Some((e, ip, since, asked)) = self.waiting_reqs.pop_front() else {
+                break;
+            };
+            if engine.neighbor(r, ip).is_some() {
+                self.on_agent_event(e);
+            } else if now.duration_since(since) > MAD_WAIT {
+                self.agent.abandon(e.id());
+                self.counters.reqs_unreachable += 1;
+                if !self.waiting_reqs.iter().any(|w| w.1 == ip) {
+                    engine.forget_solicit(ip);
+                }
+            } else {
+                let asked = if now.duration_since(asked) > ASK_EVERY {
+                    let _ = engine.solicit(r, ip);
+                    now
+                } else {
+                    asked
+                };
+                self.waiting_reqs.push_back((e, ip, since, asked));
+            }
         }
     }
 
@@ -969,8 +1014,18 @@ pub fn turn(nic: &Nic, svc: &mut Service, r: &mut Rnic, engine: &mut Engine) -> 
     }
     let mut n = work;
     while let Some(e) = svc.agent.poll_event() {
-        svc.on_agent_event(e);
+        let from = match &e {
+            CmEvent::ConnectRequest { from, .. } | CmEvent::SidrRequest { from, .. } => Some(*from),
+            _ => None,
+        };
+        match from {
+            Some(ip) if engine.neighbor(r, ip).is_none() => svc.wait_for_sender(r, engine, e, ip),
+            _ => svc.on_agent_event(e),
+        }
         n += 1;
+    }
+    if !svc.waiting_reqs.is_empty() {
+        svc.serve_waiting_reqs(r, engine);
     }
     while let Some((to, mad)) = svc.agent.poll_transmit() {
         svc.send_mad(r, engine, to, &mad);
