@@ -1026,6 +1026,12 @@ pub fn turn(nic: &Nic, svc: &mut Service, r: &mut Rnic, engine: &mut Engine) -> 
         svc.agent.handle_timeout(now);
     }
     let mut n = work;
+    // What the agent answered on its own (a DREP for a DREQ, a repeated RTU) leaves before the
+    // program hears of the event: a program that exits on its last event still answered.
+    while let Some((to, mad)) = svc.agent.poll_transmit() {
+        svc.send_mad(r, engine, to, &mad);
+        n += 1;
+    }
     while let Some(e) = svc.agent.poll_event() {
         let from = match &e {
             CmEvent::ConnectRequest { from, .. } | CmEvent::SidrRequest { from, .. } => Some(*from),
