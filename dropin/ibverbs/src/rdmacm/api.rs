@@ -52,9 +52,36 @@ fn locked() -> Result<(&'static Nic, crate::nic::Locked<'static>), c_int> {
             libc::ENOMEM
         })?;
         g.cm = Some(Box::new(s));
+        // SAFETY: registers a function of ours that takes no arguments (once: the service
+        // is made once).
+        unsafe { libc::atexit(flush_mads_at_exit) };
     }
     Ok((n, g))
 }
+
+/// At `exit`, the MADs the CM has made but not yet sent go out before the process ends (up
+/// to [`FLUSH_AT_EXIT`]): the DREP that answers the peer's DREQ, the DREQ of a last
+/// `rdma_disconnect`. The kernel's CM sends them whatever becomes of the process; without
+/// this a program that exits straight after its last event (ucmatose's client, rdma_server)
+/// leaves a kernel peer retrying its DREQ for a minute, or blocked in `rdma_disconnect`.
+extern "C" fn flush_mads_at_exit() {
+    let Some(n) = nic::started() else { return };
+    let start = match n.lock().cm.as_ref() {
+        Some(s) => s.turns,
+        None => return,
+    };
+    let deadline = std::time::Instant::now() + FLUSH_AT_EXIT;
+    while std::time::Instant::now() < deadline {
+        // Taking the lock wakes the engine when it sleeps.
+        if n.lock().cm.as_ref().is_none_or(|s| s.quiet_since(start)) {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+/// How long [`flush_mads_at_exit`] waits at most.
+const FLUSH_AT_EXIT: std::time::Duration = std::time::Duration::from_millis(200);
 
 fn svc(g: &mut Inner) -> &mut Service {
     g.cm.as_mut().expect("made by locked()")

@@ -272,6 +272,8 @@ pub struct Service {
     wcs: Vec<Wc>,
     /// Our addresses (GID index i is `ips[i]`).
     pub ips: Vec<IpAddr>,
+    /// Engine turns of the service so far (for [`Service::quiet_since`]).
+    pub turns: u64,
 }
 
 impl Service {
@@ -331,11 +333,21 @@ impl Service {
             counters: Counters::default(),
             wcs: Vec::with_capacity(MAD_SENDS + MAD_RECVS),
             ips,
+            turns: 0,
         };
         for i in 0..MAD_RECVS {
             s.post_recv(r, i).map_err(|e| e.to_string())?;
         }
         Ok(s)
+    }
+
+    /// True when every MAD made before turn `turn` has left: a turn since then has taken what
+    /// the agent had to send, and no MAD waits for a send buffer, an address or a completion.
+    pub fn quiet_since(&self, turn: u64) -> bool {
+        self.turns >= turn + 2
+            && self.backlog.is_empty()
+            && self.unresolved.is_empty()
+            && self.free_sends.len() == MAD_SENDS
     }
 
     /// The agent's clock.
@@ -974,6 +986,7 @@ pub fn write_sockaddr(dst: &mut libc::sockaddr_storage, a: SocketAddr) {
 /// events, MADs out, addresses being resolved.
 pub fn turn(nic: &Nic, svc: &mut Service, r: &mut Rnic, engine: &mut Engine) -> usize {
     let _ = nic;
+    svc.turns += 1;
     let now = svc.now();
     let mut wcs = std::mem::take(&mut svc.wcs);
     wcs.clear();
