@@ -1051,9 +1051,12 @@ pub extern "C" fn rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
             return err(EINVAL);
         };
         let was = st.st;
+        let (sync, chan) = (st.sync, st.chan);
         st.st = St::Disconnected;
+        let mut ending = false;
         if let (Some(c), St::Connected | St::Accepting | St::RepRcvd) = (st.comm, was) {
             let now = s.now();
+            ending = true;
             if s.agent.disconnect(now, c).is_err() {
                 // Not established on the agent's side (our RTU or theirs not through yet):
                 // end it as the kernel's destroy would.
@@ -1067,6 +1070,17 @@ pub extern "C" fn rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
                     Ev::new(id as usize, RDMA_CM_EVENT_DISCONNECTED, 0),
                 );
             }
+        }
+        // A synchronous id waits for its DISCONNECTED, as librdmacm's rdma_disconnect ends in
+        // ucma_complete: the one our DREQ brings (its DREP, or its retries run out), or the
+        // one the peer's DREQ left unread. Nothing to wait for otherwise (a second call).
+        let queued = s
+            .queues
+            .get(&chan)
+            .is_some_and(|q| q.iter().any(|e| e.ev.id == id));
+        drop(g);
+        if sync && (ending || queued) {
+            return complete(id);
         }
         0
     })
