@@ -351,13 +351,12 @@ fn libdir_beside_the_executable_links_the_sonames() {
         std::fs::read_link(dir.join("libibverbs.so.1")).unwrap(),
         Path::new("../libibverbs.so")
     );
-    assert!(!dir.join("librdmacm.so.1").exists());
-    std::fs::write(s.0.join("librdmacm.so"), b"").unwrap();
+    // librdmacm.so.1 is the same library (one object serves both sonames).
+    assert_eq!(
+        std::fs::read_link(dir.join("librdmacm.so.1")).unwrap(),
+        Path::new("../libibverbs.so")
+    );
     let o = run(&["exec", "--", "env"]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(env_of(&o)["LD_LIBRARY_PATH"].starts_with(dir.to_str().unwrap()));
-    assert_eq!(
-        std::fs::read_link(dir.join("librdmacm.so.1")).unwrap(),
-        Path::new("../librdmacm.so")
-    );
 }

@@ -1098,6 +1098,16 @@ struct CreateQp {
     sq_sig_all: c_int,
 }
 
+/// The inline room a QP gets: what was asked, and at least the bytes of its send SGEs (16 per
+/// SGE, as rdma_rxe sizes a WQE: `max(max_sge × sizeof(rxe_sge), max_inline_data)`), so that a
+/// small inline send a program makes without asking (rdma_xclient's 16 bytes) fits, as it does
+/// on rxe and mlx5; within the device's 256.
+fn inline_cap(c: &ibv_qp_cap) -> u32 {
+    c.max_inline_data
+        .max(16 * c.max_send_sge.clamp(1, 16))
+        .min(256.max(c.max_inline_data))
+}
+
 fn create_qp_common(a: &CreateQp) -> Result<*mut Qp, c_int> {
     if a.pd.is_null() || a.send_cq.is_null() || a.recv_cq.is_null() {
         return Err(EINVAL);
@@ -1127,7 +1137,7 @@ fn create_qp_common(a: &CreateQp) -> Result<*mut Qp, c_int> {
             max_recv_wr: a.cap.max_recv_wr,
             max_send_sge: a.cap.max_send_sge,
             max_recv_sge: a.cap.max_recv_sge,
-            max_inline_data: a.cap.max_inline_data,
+            max_inline_data: inline_cap(&a.cap),
         },
         sq_sig_all: a.sq_sig_all != 0,
     };
@@ -1156,7 +1166,10 @@ fn create_qp_common(a: &CreateQp) -> Result<*mut Qp, c_int> {
         ex,
         qpn,
         qp_type,
-        cap: a.cap,
+        cap: ibv_qp_cap {
+            max_inline_data: inline_cap(&a.cap),
+            ..a.cap
+        },
         sq_sig_all: a.sq_sig_all,
         batch: Mutex::new(Batch::default()),
     }));
@@ -1182,6 +1195,9 @@ pub extern "C" fn ibv_create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_attr) ->
             qp_type: i.qp_type,
             sq_sig_all: i.sq_sig_all,
         }));
+        // As every provider: the caller's attributes say what the QP got.
+        // SAFETY: the caller's init attributes (checked non-NULL above).
+        unsafe { (*init).cap.max_inline_data = inline_cap(&(*init).cap) };
         qp.cast()
     })
 }

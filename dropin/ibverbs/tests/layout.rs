@@ -3,12 +3,17 @@
 #[allow(dead_code, non_camel_case_types, clippy::all)]
 #[path = "../src/abi.rs"]
 mod abi;
+#[allow(dead_code, non_camel_case_types, clippy::all)]
+#[path = "../src/rdmacm/abi.rs"]
+mod rdma_abi;
 
 use std::mem::{offset_of, size_of};
 use std::process::Command;
 
-fn table() -> &'static [(&'static str, usize)] {
-    include!("support/layout_table.rs")
+fn table() -> Vec<(&'static str, usize)> {
+    let verbs: &[(&str, usize)] = include!("support/layout_table.rs");
+    let rdmacm: &[(&str, usize)] = include!("support/layout_table_rdmacm.rs");
+    verbs.iter().chain(rdmacm).copied().collect()
 }
 
 #[test]
@@ -17,9 +22,9 @@ fn structs_match_the_system_header() {
     let dir = std::env::temp_dir().join(format!("rocemu-ibverbs-layout-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let mut c = String::from(
-        "#include <stddef.h>\n#include <stdio.h>\n#include <infiniband/verbs.h>\nint main(void) {\n",
+        "#include <stddef.h>\n#include <stdio.h>\n#include <infiniband/verbs.h>\n#include <rdma/rdma_cma.h>\nint main(void) {\n",
     );
-    for (expr, _) in t {
+    for (expr, _) in &t {
         c.push_str(&format!("  printf(\"%zu\\n\", (size_t)({expr}));\n"));
     }
     c.push_str("  return 0;\n}\n");

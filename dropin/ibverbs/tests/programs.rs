@@ -15,9 +15,12 @@ fn make_libdir() -> PathBuf {
     assert!(lib.exists(), "{} was not built", lib.display());
     let dir = std::env::temp_dir().join(format!("rocemu-ibverbs-programs-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let link = dir.join("libibverbs.so.1");
-    let _ = std::fs::remove_file(&link);
-    std::os::unix::fs::symlink(&lib, &link).unwrap();
+    // As `rocemu exec` makes it: both sonames, one file.
+    for so in ["libibverbs.so.1", "librdmacm.so.1"] {
+        let link = dir.join(so);
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&lib, &link).unwrap();
+    }
     dir
 }
 
@@ -43,7 +46,7 @@ fn run(prog: &str, args: &[&str], env: &[(&str, &str)]) -> Output {
         c.env(k, v);
     }
     c.output().unwrap_or_else(|e| {
-        panic!("{prog}: {e} (Debian's ibverbs-utils and perftest must be installed)")
+        panic!("{prog}: {e} (Debian's ibverbs-utils, rdmacm-utils and perftest must be installed)")
     })
 }
 
@@ -140,6 +143,18 @@ fn debians_binaries_load_with_bind_now() {
         "ibv_ud_pingpong",
         "ibv_srq_pingpong",
         "ibv_devinfo",
+        // rdmacm-utils: librdmacm's API (rsockets' programs load too; their calls say ENOSYS).
+        "rping",
+        "ucmatose",
+        "udaddy",
+        "rdma_server",
+        "rdma_client",
+        "rdma_xserver",
+        "rdma_xclient",
+        "cmtime",
+        "mckey",
+        "rstream",
+        "riostream",
     ] {
         let o = run(p, &["-h"], &[]);
         let err = String::from_utf8_lossy(&o.stderr);
@@ -152,8 +167,29 @@ fn debians_binaries_load_with_bind_now() {
         // Each printed its usage: it ran, so the dynamic linker resolved every import.
         let all = format!("{}{}", String::from_utf8_lossy(&o.stdout), err);
         assert!(
-            all.to_lowercase().contains("usage") || all.contains("Options"),
+            all.to_lowercase().contains("usage")
+                || all.contains("Options")
+                || all.starts_with(&format!("{p} -s")),
             "{p}: {all}"
         );
     }
+}
+
+#[test]
+fn one_object_serves_both_sonames() {
+    // rping needs librdmacm.so.1 and libibverbs.so.1: the loader must map our file once (a second
+    // copy would be a second RNIC, its rdma_cm ids unknown to the first one's verbs).
+    let o = run("rping", &["-h"], &[("LD_DEBUG", "files")]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    let maps: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("generating link map"))
+        .filter(|l| l.contains("libibverbs.so") || l.contains("librdmacm.so"))
+        .collect();
+    assert_eq!(maps.len(), 1, "mapped more than once:\n{err}");
+    let inits = err
+        .lines()
+        .filter(|l| l.contains("calling init:") && l.contains(&*libdir().to_string_lossy()))
+        .count();
+    assert_eq!(inits, 1, "{err}");
 }

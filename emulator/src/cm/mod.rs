@@ -80,6 +80,9 @@ pub struct CmAgent {
     /// MRA (exponent 24, about 69 s) only for a repeated REQ (`CMA_CM_MRA_SETTING` with
     /// `IB_CM_MRA_FLAG_DELAY`, cma.c / cm.c `cm_dup_req_handler`).
     pub mra_on_req: Option<u8>,
+    /// With [`mra_on_req`](Self::mra_on_req): the MRA goes out with the first REQ too (true,
+    /// the default), or only for a repeat, as Linux's rdma_cm sends it (false).
+    pub mra_at_once: bool,
     listens: Vec<ServiceId>,
     /// By local comm id: a `BTreeMap`, so that nothing depends on a hasher's order.
     conns: BTreeMap<u32, Conn>,
@@ -133,6 +136,7 @@ impl CmAgent {
             half_open_timeout: Self::DEFAULT_HALF_OPEN_TIMEOUT,
             time_wait: Self::DEFAULT_TIME_WAIT,
             mra_on_req: None,
+            mra_at_once: true,
             listens: Vec::new(),
             conns: BTreeMap::new(),
             by_remote: HashMap::new(),
@@ -823,7 +827,7 @@ impl CmAgent {
             from,
             req: Box::new(r),
         });
-        if let Some((m, _)) = mra {
+        if let (Some((m, _)), true) = (mra, self.mra_at_once) {
             self.counters.mras_sent += 1;
             self.out.push_back((from, m));
         }

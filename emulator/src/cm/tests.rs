@@ -1237,3 +1237,29 @@ mod hostile {
         }
     }
 }
+
+#[test]
+fn an_mra_only_for_a_repeated_req_as_linux_sends_it() {
+    let (mut a, mut b, sid) = two();
+    b.mra_on_req = Some(24);
+    b.mra_at_once = false;
+    let t0 = Nanos(0);
+    a.connect(t0, b.local_ip, sid, &params(0x11, 100));
+    let (_, req) = a.poll_transmit().unwrap();
+    b.handle_mad(t0, a.local_ip, &req);
+    assert!(matches!(
+        b.poll_event(),
+        Some(CmEvent::ConnectRequest { .. })
+    ));
+    assert!(drain(&mut b).is_empty(), "nothing sent for the first REQ");
+    assert_eq!(b.counters().mras_sent, 0);
+    // The repeat gets the MRA.
+    b.handle_mad(t0, a.local_ip, &req);
+    let out = drain(&mut b);
+    assert_eq!(out.len(), 1);
+    let CmMessage::Mra(m) = CmMadRepr::parse(&out[0].1).unwrap().msg else {
+        panic!("not an MRA")
+    };
+    assert_eq!((m.message_mraed, m.service_timeout), (MsgKind::Req, 24));
+    assert_eq!(b.counters().mras_sent, 1);
+}

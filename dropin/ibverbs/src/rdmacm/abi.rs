@@ -180,8 +180,3 @@ pub struct rdma_cm_join_mc_attr_ex {
     pub join_flags: u32,
     pub addr: *mut sockaddr,
 }
-
-#[repr(C)]
-pub struct ibv_srq_init_attr_ex_ptr {
-    pub p: *mut ibv_srq_init_attr_ex,
-}

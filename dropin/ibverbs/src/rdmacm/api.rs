@@ -52,9 +52,36 @@ fn locked() -> Result<(&'static Nic, crate::nic::Locked<'static>), c_int> {
             libc::ENOMEM
         })?;
         g.cm = Some(Box::new(s));
+        // SAFETY: registers a function of ours that takes no arguments (once: the service
+        // is made once).
+        unsafe { libc::atexit(flush_mads_at_exit) };
     }
     Ok((n, g))
 }
+
+/// At `exit`, the MADs the CM has made but not yet sent go out before the process ends (up
+/// to [`FLUSH_AT_EXIT`]): the DREP that answers the peer's DREQ, the DREQ of a last
+/// `rdma_disconnect`. The kernel's CM sends them whatever becomes of the process; without
+/// this a program that exits straight after its last event (ucmatose's client, rdma_server)
+/// leaves a kernel peer retrying its DREQ for a minute, or blocked in `rdma_disconnect`.
+extern "C" fn flush_mads_at_exit() {
+    let Some(n) = nic::started() else { return };
+    let start = match n.lock().cm.as_ref() {
+        Some(s) => s.turns,
+        None => return,
+    };
+    let deadline = std::time::Instant::now() + FLUSH_AT_EXIT;
+    while std::time::Instant::now() < deadline {
+        // Taking the lock wakes the engine when it sleeps.
+        if n.lock().cm.as_ref().is_none_or(|s| s.quiet_since(start)) {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+/// How long [`flush_mads_at_exit`] waits at most.
+const FLUSH_AT_EXIT: std::time::Duration = std::time::Duration::from_millis(200);
 
 fn svc(g: &mut Inner) -> &mut Service {
     g.cm.as_mut().expect("made by locked()")
@@ -168,16 +195,31 @@ pub extern "C" fn rdma_get_cm_event(
         if ch.is_null() || event.is_null() {
             return err(EINVAL);
         }
-        {
+        // Our own reference to the channel's eventfd: a program may destroy the channel while
+        // another of its threads waits here (rping does, at its end). Then, as with the
+        // kernel's rdma_cm, the waiting thread stays blocked (nobody writes the old
+        // descriptor again) rather than read a descriptor number reused for something else.
+        let fd = {
             let (_, mut g) = tri!(locked());
             if !svc(&mut g).queues.contains_key(&(ch as usize)) {
                 return err(EINVAL);
             }
+            // SAFETY: a live channel of ours (checked under the lock); dup takes no pointers.
+            let fd = unsafe { libc::fcntl((*ch).fd, libc::F_DUPFD_CLOEXEC, 0) };
+            if fd < 0 {
+                return err(errno());
+            }
+            fd
+        };
+        struct Close(c_int);
+        impl Drop for Close {
+            fn drop(&mut self) {
+                // SAFETY: the duplicate made above, closed once.
+                unsafe { libc::close(self.0) };
+            }
         }
+        let _close = Close(fd);
         loop {
-            // SAFETY: a live channel of ours (checked above; the program does not destroy a
-            // channel it is reading).
-            let fd = unsafe { (*ch).fd };
             let mut v = 0u64;
             // SAFETY: reads 8 bytes into a local.
             let r = unsafe { libc::read(fd, (&mut v as *mut u64).cast(), 8) };
@@ -192,7 +234,8 @@ pub extern "C" fn rdma_get_cm_event(
                 let (_, mut g) = tri!(locked());
                 match svc(&mut g).queues.get_mut(&(ch as usize)) {
                     Some(q) => q.pop_front(),
-                    None => return err(EINVAL),
+                    // Destroyed while we waited: wait on (for good, as the kernel's would).
+                    None => continue,
                 }
             };
             let Some(mut ev) = ev else {
@@ -865,9 +908,6 @@ pub extern "C" fn rdma_accept(id: *mut rdma_cm_id, param: *mut rdma_conn_param) 
             if !(1..=5).contains(&st.conn.path_mtu) || st.conn.path_mtu > mtu {
                 st.conn.path_mtu = mtu;
             }
-            if let Some(p) = p {
-                st.conn.rnr_retry_count = p.rnr_retry_count.min(7);
-            }
         }
         if !qp.is_null() {
             if let Err(e) = move_qp(id, IBV_QPS_RTR).and_then(|_| move_qp(id, IBV_QPS_RTS)) {
@@ -895,7 +935,9 @@ pub extern "C" fn rdma_accept(id: *mut rdma_cm_id, param: *mut rdma_conn_param) 
                 path_mtu: st.conn.path_mtu,
                 responder_resources: st.conn.resp_res,
                 initiator_depth: st.conn.init_depth,
-                rnr_retry_count: st.conn.rnr_retry_count,
+                // The REP's RNR retry count is what this end asks the other to use (our QP uses
+                // the REQ's, as Linux's ib_cm does).
+                rnr_retry_count: p.map_or(7, |p| p.rnr_retry_count.min(7)),
                 rep_private_data: rep,
                 ..ConnParams::default()
             };
@@ -1009,9 +1051,12 @@ pub extern "C" fn rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
             return err(EINVAL);
         };
         let was = st.st;
+        let (sync, chan) = (st.sync, st.chan);
         st.st = St::Disconnected;
+        let mut ending = false;
         if let (Some(c), St::Connected | St::Accepting | St::RepRcvd) = (st.comm, was) {
             let now = s.now();
+            ending = true;
             if s.agent.disconnect(now, c).is_err() {
                 // Not established on the agent's side (our RTU or theirs not through yet):
                 // end it as the kernel's destroy would.
@@ -1025,6 +1070,17 @@ pub extern "C" fn rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
                     Ev::new(id as usize, RDMA_CM_EVENT_DISCONNECTED, 0),
                 );
             }
+        }
+        // A synchronous id waits for its DISCONNECTED, as librdmacm's rdma_disconnect ends in
+        // ucma_complete: the one our DREQ brings (its DREP, or its retries run out), or the
+        // one the peer's DREQ left unread. Nothing to wait for otherwise (a second call).
+        let queued = s
+            .queues
+            .get(&chan)
+            .is_some_and(|q| q.iter().any(|e| e.ev.id == id));
+        drop(g);
+        if sync && (ending || queued) {
+            return complete(id);
         }
         0
     })
@@ -1341,6 +1397,10 @@ fn create_qp(
     if init.srq.is_null() && !i.srq.is_null() {
         init.srq = i.srq;
     }
+    // rdma_create_ep's callers leave the type to the address info (the id's).
+    if init.qp_type == 0 {
+        init.qp_type = i.qp_type;
+    }
     let qp = verbs::ibv_create_qp(pd, init);
     if qp.is_null() {
         let e = std::io::Error::last_os_error()
@@ -1352,6 +1412,8 @@ fn create_qp(
         return Err(e);
     }
     i.qp = qp;
+    // As librdmacm: the id remembers its QP's PD (rdma_reg_msgs registers with `id->pd`).
+    i.pd = pd;
     let steps: &[c_int] = if init.qp_type == IBV_QPT_UD {
         &[IBV_QPS_INIT, IBV_QPS_RTR, IBV_QPS_RTS]
     } else {

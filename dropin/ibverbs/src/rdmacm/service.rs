@@ -43,6 +43,10 @@ const ID_SEND: u64 = 2 << 32;
 pub const QUEUE_MAX: usize = 4096;
 const UNRESOLVED_PEERS: usize = 64;
 const UNRESOLVED_MADS: usize = 8;
+/// Connection requests that may wait for their sender's MAC at once.
+const WAITING_REQS_MAX: usize = 256;
+/// MADs that may wait for a send buffer (a burst of connects: cmtime -c 1000).
+const BACKLOG_MAX: usize = 4096;
 /// How often an address being resolved is asked about again.
 const ASK_EVERY: Duration = Duration::from_millis(250);
 /// How long MADs wait for their destination's MAC.
@@ -235,6 +239,8 @@ pub struct Counters {
     pub mads_dropped_full: u64,
     pub events_dropped: u64,
     pub events_orphaned: u64,
+    /// Connection requests forgotten: their sender never answered ARP / ND.
+    pub reqs_unreachable: u64,
 }
 
 /// QP1, the agent and every id.
@@ -251,6 +257,12 @@ pub struct Service {
     /// Channel → its unread events.
     pub queues: HashMap<usize, VecDeque<Box<Ev>>>,
     unresolved: Vec<Unresolved>,
+    /// Connection requests (REQ, SIDR_REQ) whose sender's MAC is being asked for: handed to the
+    /// program once it answers ARP / ND (an answer could not reach it before), forgotten after
+    /// [`MAD_WAIT`] (as Linux's ib_cm drops a REQ whose sender's L2 address does not resolve).
+    waiting_reqs: VecDeque<(CmEvent, IpAddr, Instant, Instant)>,
+    /// MADs waiting for a free send buffer, oldest first.
+    backlog: VecDeque<(IpAddr, Mac, [u8; MAD_LEN])>,
     /// Ids whose address is being resolved.
     pub resolving: Vec<usize>,
     pub rng: KeyRng,
@@ -260,6 +272,8 @@ pub struct Service {
     wcs: Vec<Wc>,
     /// Our addresses (GID index i is `ips[i]`).
     pub ips: Vec<IpAddr>,
+    /// Engine turns of the service so far (for [`Service::quiet_since`]).
+    pub turns: u64,
 }
 
 impl Service {
@@ -293,9 +307,10 @@ impl Service {
         r.ready_gsi_qp(qpn).map_err(|e| e.to_string())?;
         let seed = r.random_seed();
         let mut agent = CmAgent::with_seed(ips[ips.len() - 1], r.node_guid(), &seed);
-        // As Linux's rdma_cm for a program's connection request: an MRA at once when the REQ
-        // is repeated before the program answered.
+        // As Linux's rdma_cm for a program's connection request: an MRA (service timeout 24,
+        // about 69 s) when the REQ is repeated before the program answered.
         agent.mra_on_req = Some(24);
+        agent.mra_at_once = false;
         let mut rng = KeyRng::new(&r.random_seed());
         let next_port = 32768 + (rng.next_u32() % 28000) as u16;
         let s = Service {
@@ -309,6 +324,8 @@ impl Service {
             listeners: HashMap::new(),
             queues: HashMap::new(),
             unresolved: Vec::new(),
+            backlog: VecDeque::new(),
+            waiting_reqs: VecDeque::new(),
             resolving: Vec::new(),
             rng,
             clock0: Instant::now(),
@@ -316,11 +333,21 @@ impl Service {
             counters: Counters::default(),
             wcs: Vec::with_capacity(MAD_SENDS + MAD_RECVS),
             ips,
+            turns: 0,
         };
         for i in 0..MAD_RECVS {
             s.post_recv(r, i).map_err(|e| e.to_string())?;
         }
         Ok(s)
+    }
+
+    /// True when every MAD made before turn `turn` has left: a turn since then has taken what
+    /// the agent had to send, and no MAD waits for a send buffer, an address or a completion.
+    pub fn quiet_since(&self, turn: u64) -> bool {
+        self.turns >= turn + 2
+            && self.backlog.is_empty()
+            && self.unresolved.is_empty()
+            && self.free_sends.len() == MAD_SENDS
     }
 
     /// The agent's clock.
@@ -435,7 +462,20 @@ impl Service {
         });
     }
 
+    /// Posts `mad` from a free send buffer, or queues it (bounded) until one is free.
     fn post_mad(&mut self, r: &mut Rnic, to: IpAddr, mac: Mac, mad: &[u8; MAD_LEN]) {
+        if self.free_sends.is_empty() || !self.backlog.is_empty() {
+            if self.backlog.len() < BACKLOG_MAX {
+                self.backlog.push_back((to, mac, *mad));
+            } else {
+                self.counters.mads_dropped_full += 1;
+            }
+            return;
+        }
+        self.post_now(r, to, mac, mad);
+    }
+
+    fn post_now(&mut self, r: &mut Rnic, to: IpAddr, mac: Mac, mad: &[u8; MAD_LEN]) {
         let Some(slot) = self.free_sends.pop() else {
             self.counters.mads_dropped_full += 1;
             return;
@@ -496,6 +536,42 @@ impl Service {
                 let _ = engine.solicit(r, to);
             }
             i += 1;
+        }
+    }
+
+    fn wait_for_sender(&mut self, r: &mut Rnic, engine: &mut Engine, e: CmEvent, ip: IpAddr) {
+        if self.waiting_reqs.len() >= WAITING_REQS_MAX || engine.solicit(r, ip).is_err() {
+            self.agent.abandon(e.id());
+            self.counters.reqs_unreachable += 1;
+            return;
+        }
+        let now = Instant::now();
+        self.waiting_reqs.push_back((e, ip, now, now));
+    }
+
+    fn serve_waiting_reqs(&mut self, r: &mut Rnic, engine: &mut Engine) {
+        let now = Instant::now();
+        for _ in 0..self.waiting_reqs.len() {
+            let Some((e, ip, since, asked)) = self.waiting_reqs.pop_front() else {
+                break;
+            };
+            if engine.neighbor(r, ip).is_some() {
+                self.on_agent_event(e);
+            } else if now.duration_since(since) > MAD_WAIT {
+                self.agent.abandon(e.id());
+                self.counters.reqs_unreachable += 1;
+                if !self.waiting_reqs.iter().any(|w| w.1 == ip) {
+                    engine.forget_solicit(ip);
+                }
+            } else {
+                let asked = if now.duration_since(asked) > ASK_EVERY {
+                    let _ = engine.solicit(r, ip);
+                    now
+                } else {
+                    asked
+                };
+                self.waiting_reqs.push_back((e, ip, since, asked));
+            }
         }
     }
 
@@ -583,9 +659,9 @@ impl Service {
                 }
                 self.event(cid, ev);
             }
-            CmEvent::Established {
-                id, private_data, ..
-            } => {
+            // Passive side, the RTU came: ESTABLISHED without private data, as the kernel's
+            // cma reports it.
+            CmEvent::Established { id, .. } => {
                 let Some(&cid) = self.by_comm.get(&id.0) else {
                     return;
                 };
@@ -594,9 +670,7 @@ impl Service {
                     return;
                 }
                 s.st = St::Connected;
-                let mut ev = Ev::new(cid, RDMA_CM_EVENT_ESTABLISHED, 0);
-                ev.set_conn_data(&private_data[..]);
-                self.event(cid, ev);
+                self.event(cid, Ev::new(cid, RDMA_CM_EVENT_ESTABLISHED, 0));
             }
             CmEvent::Rejected {
                 id,
@@ -912,6 +986,7 @@ pub fn write_sockaddr(dst: &mut libc::sockaddr_storage, a: SocketAddr) {
 /// events, MADs out, addresses being resolved.
 pub fn turn(nic: &Nic, svc: &mut Service, r: &mut Rnic, engine: &mut Engine) -> usize {
     let _ = nic;
+    svc.turns += 1;
     let now = svc.now();
     let mut wcs = std::mem::take(&mut svc.wcs);
     wcs.clear();
@@ -941,13 +1016,35 @@ pub fn turn(nic: &Nic, svc: &mut Service, r: &mut Rnic, engine: &mut Engine) -> 
         let _ = svc.post_recv(r, i);
     }
     svc.wcs = wcs;
+    while !svc.free_sends.is_empty() {
+        let Some((to, mac, mad)) = svc.backlog.pop_front() else {
+            break;
+        };
+        svc.post_now(r, to, mac, &mad);
+    }
     if svc.agent.poll_timeout().is_some_and(|t| t <= now) {
         svc.agent.handle_timeout(now);
     }
     let mut n = work;
-    while let Some(e) = svc.agent.poll_event() {
-        svc.on_agent_event(e);
+    // What the agent answered on its own (a DREP for a DREQ, a repeated RTU) leaves before the
+    // program hears of the event: a program that exits on its last event still answered.
+    while let Some((to, mad)) = svc.agent.poll_transmit() {
+        svc.send_mad(r, engine, to, &mad);
         n += 1;
+    }
+    while let Some(e) = svc.agent.poll_event() {
+        let from = match &e {
+            CmEvent::ConnectRequest { from, .. } | CmEvent::SidrRequest { from, .. } => Some(*from),
+            _ => None,
+        };
+        match from {
+            Some(ip) if engine.neighbor(r, ip).is_none() => svc.wait_for_sender(r, engine, e, ip),
+            _ => svc.on_agent_event(e),
+        }
+        n += 1;
+    }
+    if !svc.waiting_reqs.is_empty() {
+        svc.serve_waiting_reqs(r, engine);
     }
     while let Some((to, mad)) = svc.agent.poll_transmit() {
         svc.send_mad(r, engine, to, &mad);
