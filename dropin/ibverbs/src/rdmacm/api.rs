@@ -232,11 +232,16 @@ pub extern "C" fn rdma_get_cm_event(
             }
             let ev = {
                 let (_, mut g) = tri!(locked());
-                match svc(&mut g).queues.get_mut(&(ch as usize)) {
+                let s = svc(&mut g);
+                let ev = match s.queues.get_mut(&(ch as usize)) {
                     Some(q) => q.pop_front(),
                     // Destroyed while we waited: wait on (for good, as the kernel's would).
                     None => continue,
+                };
+                if let Some(i) = ev.as_ref().and_then(|e| s.ids.get_mut(&(e.ev.id as usize))) {
+                    i.unacked += 1;
                 }
+                ev
             };
             let Some(mut ev) = ev else {
                 continue; // an event taken back (its id was destroyed)
@@ -298,7 +303,12 @@ pub extern "C" fn rdma_ack_cm_event(event: *mut rdma_cm_event) -> c_int {
         }
         // SAFETY: an event rdma_get_cm_event handed out: the `ev` field (offset 0) of a Box<Ev>,
         // given back once.
-        drop(unsafe { Box::from_raw(event as *mut Ev) });
+        let ev = unsafe { Box::from_raw(event as *mut Ev) };
+        if let Ok((_, mut g)) = locked() {
+            if let Some(i) = svc(&mut g).ids.get_mut(&(ev.ev.id as usize)) {
+                i.unacked = i.unacked.saturating_sub(1);
+            }
+        }
         0
     })
 }
@@ -408,13 +418,35 @@ pub extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
         if id.is_null() {
             return err(EINVAL);
         }
-        let (_, mut g) = tri!(locked());
-        let s = svc(&mut g);
-        if !s.ids.contains_key(&(id as usize)) {
-            return err(EINVAL);
+        {
+            let (_, mut g) = tri!(locked());
+            if !svc(&mut g).ids.contains_key(&(id as usize)) {
+                return err(EINVAL);
+            }
         }
-        free_id(s, id);
-        0
+        // As librdmacm: the event a synchronous call kept is acked, then every event of the id
+        // the program holds must be acked before the id goes (another thread may still be
+        // handling one: rping's CM thread its DISCONNECTED while the main thread tears down).
+        // SAFETY: a live id of ours (checked above).
+        let kept = unsafe { std::mem::replace(&mut (*id).event, null_mut()) };
+        if !kept.is_null() {
+            rdma_ack_cm_event(kept);
+        }
+        loop {
+            {
+                let (_, mut g) = tri!(locked());
+                let s = svc(&mut g);
+                match s.ids.get(&(id as usize)) {
+                    None => return err(EINVAL),
+                    Some(i) if i.unacked == 0 => {
+                        free_id(s, id);
+                        return 0;
+                    }
+                    Some(_) => {}
+                }
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
     })
 }
 

@@ -126,6 +126,9 @@ pub struct IdState {
     pub own_srq: bool,
     /// The address resolution under way: until when, and when to ask next.
     pub resolving: Option<(Instant, Instant)>,
+    /// Events of this id handed to the program and not yet acked: `rdma_destroy_id` waits for
+    /// them, as librdmacm's does (its `events_completed`).
+    pub unacked: u32,
 }
 
 // SAFETY: the pointers an IdState holds (in `ep_qp`: the program's CQs, SRQ, context) are only
@@ -156,6 +159,7 @@ impl IdState {
             own_cqs: false,
             own_srq: false,
             resolving: None,
+            unacked: 0,
         }
     }
 }
@@ -311,6 +315,10 @@ impl Service {
         // about 69 s) when the REQ is repeated before the program answered.
         agent.mra_on_req = Some(24);
         agent.mra_at_once = false;
+        // Linux's ucma takes a listen backlog of 0 (or above its max_backlog) as max_backlog,
+        // 1024; the kernel's IB CM does not bound it further per listener. Ours is one bound
+        // for the whole device (ucmatose -c 1000 listens with 0).
+        agent.max_half_open = 1024;
         let mut rng = KeyRng::new(&r.random_seed());
         let next_port = 32768 + (rng.next_u32() % 28000) as u16;
         let s = Service {
@@ -897,6 +905,7 @@ fn new_id(lid: usize, ps: i32, qp_type: i32) -> usize {
     b.ps = ps;
     b.qp_type = qp_type;
     b.port_num = 1;
+    super::live::add(super::live::IDS, 1);
     Box::into_raw(b) as usize
 }
 
