@@ -575,7 +575,7 @@ fn run(
             let g = &mut *g;
             let mut w = engine.poll(&mut g.rnic);
             if let Some(cm) = g.cm.as_mut() {
-                w += crate::rdmacm::service::turn(nic, cm, &mut g.rnic, &mut engine);
+                w += crate::rdmacm::service::turn(cm, &mut g.rnic, &mut engine);
             }
             if let Ok(mut want) = nic.want.try_lock() {
                 let now = Instant::now();

@@ -103,7 +103,8 @@ fn the_nic() -> Result<&'static Nic, c_int> {
     nic::nic()
 }
 
-fn fail_ptr<T>(e: c_int) -> *mut T {
+/// NULL with `errno = e`: a failed verb that returns a pointer.
+pub(crate) fn fail_ptr<T>(e: c_int) -> *mut T {
     set_errno(e);
     null_mut()
 }

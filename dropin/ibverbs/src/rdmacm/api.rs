@@ -11,7 +11,7 @@ use super::service::*;
 use crate::abi::*;
 use crate::ffi::{guard, set_errno};
 use crate::nic::{self, Inner, Nic};
-use crate::verbs;
+use crate::verbs::{self, fail_ptr};
 use libc::{c_char, c_int, c_void, size_t, sockaddr, EINVAL};
 use rocemu_emulator::cm::ConnParams;
 use rocemu_wire::cm::{CmaHdr, CommId, RejReason, SidrStatus};
@@ -25,11 +25,6 @@ use std::sync::OnceLock;
 fn err(e: c_int) -> c_int {
     set_errno(e);
     -1
-}
-
-fn fail_ptr<T>(e: c_int) -> *mut T {
-    set_errno(e);
-    null_mut()
 }
 
 macro_rules! tri {
@@ -499,7 +494,7 @@ fn bind(s: &mut Service, id: *mut rdma_cm_id, mut a: SocketAddr) -> Result<(), c
     // SAFETY: a live id of ours.
     unsafe { (*id).port_num = 1 };
     let st = s.ids.get(&(id as usize)).expect("checked");
-    set_route(id as usize, st, s);
+    set_route(id as usize, st);
     Ok(())
 }
 
@@ -627,7 +622,7 @@ pub extern "C" fn rdma_resolve_addr(
             st.resolving = Some((now + std::time::Duration::from_millis(ms), now));
             s.resolving.push(id as usize);
             let st = s.ids.get(&(id as usize)).expect("checked");
-            set_route(id as usize, st, s);
+            set_route(id as usize, st);
         }
         complete(id)
     })
@@ -639,7 +634,7 @@ pub extern "C" fn rdma_resolve_route(id: *mut rdma_cm_id, _timeout_ms: c_int) ->
             return err(EINVAL);
         }
         {
-            let (n, mut g) = tri!(locked());
+            let (_, mut g) = tri!(locked());
             let mtu = mtu_enum(g.rnic.active_mtu().bytes());
             let s = svc(&mut g);
             let Some(st) = s.ids.get_mut(&(id as usize)) else {
@@ -672,7 +667,6 @@ pub extern "C" fn rdma_resolve_route(id: *mut rdma_cm_id, _timeout_ms: c_int) ->
             p.packet_life_time_selector = 2;
             p.packet_life_time = 16;
             p.flow_label = rocemu_wire::cm::rdma_cm_flow_label(src.port(), dst.port()).to_be();
-            let _ = n;
             // SAFETY: a live id of ours; the old record (if any) is ours.
             unsafe {
                 if !(*id).route.path_rec.is_null() {
@@ -733,6 +727,48 @@ pub extern "C" fn rdma_listen(id: *mut rdma_cm_id, backlog: c_int) -> c_int {
     })
 }
 
+/// The bytes `data` points at, `len` of them (none for NULL).
+///
+/// # Safety
+///
+/// `data` is NULL or points at `len` readable bytes that outlive the call using them.
+unsafe fn bytes<'a>(data: *const c_void, len: usize) -> &'a [u8] {
+    if data.is_null() || len == 0 {
+        &[]
+    } else {
+        // SAFETY: per the caller's contract.
+        unsafe { std::slice::from_raw_parts(data.cast(), len) }
+    }
+}
+
+/// A program's connection parameters (None for NULL: the defaults) and their private data.
+///
+/// # Safety
+///
+/// `param` is NULL or a valid `rdma_conn_param` whose private data is readable for its length.
+unsafe fn conn_param<'a>(param: *const rdma_conn_param) -> (Option<rdma_conn_param>, &'a [u8]) {
+    // SAFETY: per the caller's contract.
+    let p = unsafe { param.as_ref().copied() };
+    // SAFETY: as above.
+    let user = p.map_or(&[][..], |p| unsafe {
+        bytes(p.private_data, p.private_data_len as usize)
+    });
+    (p, user)
+}
+
+/// The QP number a connection announces: its id's QP's, or the one the program names in its
+/// parameters when it owns the QP (`qp_num`).
+fn qp_num(id: *mut rdma_cm_id, p: Option<rdma_conn_param>) -> rocemu_wire::Qpn {
+    // SAFETY: a live id of ours; its QP is one of ours or NULL.
+    let qp = unsafe { (*id).qp };
+    qpn(if qp.is_null() {
+        p.map_or(0, |p| p.qp_num)
+    } else {
+        // SAFETY: as above.
+        unsafe { (*qp).qp_num }
+    })
+}
+
 /// The responder resources / initiator depth a program asks for, within the device's.
 fn rd(v: u8) -> u8 {
     v.min(16)
@@ -743,15 +779,8 @@ pub extern "C" fn rdma_connect(id: *mut rdma_cm_id, param: *mut rdma_conn_param)
         if id.is_null() {
             return err(EINVAL);
         }
-        // SAFETY: the caller's parameters (NULL: defaults).
-        let p: Option<rdma_conn_param> = unsafe { param.as_ref().copied() };
-        // SAFETY: the caller's private data of the length it says.
-        let user: &[u8] = match p {
-            Some(p) if !p.private_data.is_null() && p.private_data_len > 0 => unsafe {
-                std::slice::from_raw_parts(p.private_data.cast(), p.private_data_len as usize)
-            },
-            _ => &[],
-        };
+        // SAFETY: the caller's parameters, or NULL (the verbs contract).
+        let (p, user) = unsafe { conn_param(param) };
         {
             let (_, mut g) = tri!(locked());
             let mtu = mtu_enum(g.rnic.active_mtu().bytes());
@@ -763,14 +792,7 @@ pub extern "C" fn rdma_connect(id: *mut rdma_cm_id, param: *mut rdma_conn_param)
                 return err(EINVAL);
             }
             let (src, dst, ps) = (st.src.expect("bound"), st.dst.expect("resolved"), st.ps);
-            // SAFETY: a live id of ours; its QP is one of ours or NULL.
-            let qp = unsafe { (*id).qp };
-            let qpn = if qp.is_null() {
-                p.map(|p| p.qp_num).unwrap_or(0)
-            } else {
-                // SAFETY: as above.
-                unsafe { (*qp).qp_num }
-            };
+            let qpn = qp_num(id, p);
             let mut pdata = [0u8; 92];
             let hdr_len = if ps == RDMA_PS_IB { 0 } else { 36 };
             if ps != RDMA_PS_IB {
@@ -826,7 +848,7 @@ pub extern "C" fn rdma_connect(id: *mut rdma_cm_id, param: *mut rdma_conn_param)
                     remote_qkey: 0,
                 };
                 let cp = ConnParams {
-                    qpn: qpn_of(qpn),
+                    qpn,
                     psn: psn(my_psn),
                     path_mtu: mtu,
                     responder_resources: conn.resp_res,
@@ -851,24 +873,13 @@ pub extern "C" fn rdma_connect(id: *mut rdma_cm_id, param: *mut rdma_conn_param)
     })
 }
 
-fn qpn_of(v: u32) -> rocemu_wire::Qpn {
-    qpn(v)
-}
-
 pub extern "C" fn rdma_accept(id: *mut rdma_cm_id, param: *mut rdma_conn_param) -> c_int {
     guard(err(libc::EIO), || {
         if id.is_null() {
             return err(EINVAL);
         }
-        // SAFETY: the caller's parameters (NULL: defaults).
-        let p: Option<rdma_conn_param> = unsafe { param.as_ref().copied() };
-        // SAFETY: the caller's private data of the length it says.
-        let user: &[u8] = match p {
-            Some(p) if !p.private_data.is_null() && p.private_data_len > 0 => unsafe {
-                std::slice::from_raw_parts(p.private_data.cast(), p.private_data_len as usize)
-            },
-            _ => &[],
-        };
+        // SAFETY: the caller's parameters, or NULL (the verbs contract).
+        let (p, user) = unsafe { conn_param(param) };
         let (state, qp_type) = {
             let (_, mut g) = tri!(locked());
             let s = svc(&mut g);
@@ -888,12 +899,7 @@ pub extern "C" fn rdma_accept(id: *mut rdma_cm_id, param: *mut rdma_conn_param) 
         // SAFETY: a live id of ours.
         let qp = unsafe { (*id).qp };
         if qp_type == IBV_QPT_UD {
-            // SAFETY: a QP of ours, or the caller's number.
-            let qpn = if qp.is_null() {
-                p.map(|p| p.qp_num).unwrap_or(0)
-            } else {
-                unsafe { (*qp).qp_num }
-            };
+            let qpn = qp_num(id, p);
             let (_, mut g) = tri!(locked());
             let s = svc(&mut g);
             let Some(st) = s.ids.get_mut(&(id as usize)) else {
@@ -910,7 +916,7 @@ pub extern "C" fn rdma_accept(id: *mut rdma_cm_id, param: *mut rdma_conn_param) 
             return match s.agent.sidr_reply(
                 c,
                 SidrStatus::SUCCESS,
-                qpn_of(qpn),
+                qpn,
                 QKey(RDMA_UDP_QKEY),
                 user,
             ) {
@@ -953,16 +959,11 @@ pub extern "C" fn rdma_accept(id: *mut rdma_cm_id, param: *mut rdma_conn_param) 
             let Some(c) = st.comm else {
                 return err(EINVAL);
             };
-            let qpn = if qp.is_null() {
-                p.map(|p| p.qp_num).unwrap_or(0)
-            } else {
-                // SAFETY: a QP of ours.
-                unsafe { (*qp).qp_num }
-            };
+            let qpn = qp_num(id, p);
             let mut rep = [0u8; 196];
             rep[..user.len()].copy_from_slice(user);
             let cp = ConnParams {
-                qpn: qpn_of(qpn),
+                qpn,
                 psn: psn(st.conn.my_psn),
                 path_mtu: st.conn.path_mtu,
                 responder_resources: st.conn.resp_res,
@@ -1013,11 +1014,7 @@ fn reject(id: *mut rdma_cm_id, data: *const c_void, len: u8) -> c_int {
         return err(EINVAL);
     }
     // SAFETY: the caller's private data of the length it says.
-    let user: &[u8] = if data.is_null() || len == 0 {
-        &[]
-    } else {
-        unsafe { std::slice::from_raw_parts(data.cast(), len as usize) }
-    };
+    let user = unsafe { bytes(data, len as usize) };
     let (_, mut g) = tri!(locked());
     let s = svc(&mut g);
     let Some(st) = s.ids.get_mut(&(id as usize)) else {
@@ -1035,7 +1032,7 @@ fn reject(id: *mut rdma_cm_id, data: *const c_void, len: u8) -> c_int {
     if ud {
         let _ = s
             .agent
-            .sidr_reply(c, SidrStatus::REJECT, qpn_of(0), QKey(0), user);
+            .sidr_reply(c, SidrStatus::REJECT, qpn(0), QKey(0), user);
     } else {
         if user.len() > 148 {
             return err(EINVAL);
@@ -1328,34 +1325,31 @@ pub extern "C" fn rdma_init_qp_attr(
 fn make_cqs(id: *mut rdma_cm_id, send: u32, recv: u32) -> Result<(), c_int> {
     // SAFETY: a live id of ours.
     let i = unsafe { &mut *id };
-    let ctx = i.verbs;
     if recv > 0 && i.recv_cq.is_null() {
-        let ch = verbs::ibv_create_comp_channel(ctx);
-        if ch.is_null() {
-            return Err(libc::ENOMEM);
-        }
-        let cq = verbs::ibv_create_cq(ctx, recv.max(1) as c_int, id.cast(), ch, 0);
-        if cq.is_null() {
-            verbs::ibv_destroy_comp_channel(ch);
-            return Err(libc::ENOMEM);
-        }
-        i.recv_cq_channel = ch;
-        i.recv_cq = cq;
+        (i.recv_cq_channel, i.recv_cq) = cq_with_channel(i.verbs, recv, id)?;
     }
     if send > 0 && i.send_cq.is_null() {
-        let ch = verbs::ibv_create_comp_channel(ctx);
-        if ch.is_null() {
-            return Err(libc::ENOMEM);
-        }
-        let cq = verbs::ibv_create_cq(ctx, send.max(1) as c_int, id.cast(), ch, 0);
-        if cq.is_null() {
-            verbs::ibv_destroy_comp_channel(ch);
-            return Err(libc::ENOMEM);
-        }
-        i.send_cq_channel = ch;
-        i.send_cq = cq;
+        (i.send_cq_channel, i.send_cq) = cq_with_channel(i.verbs, send, id)?;
     }
     Ok(())
+}
+
+/// A completion channel and a CQ of `cqe` entries on it, whose context is the id.
+fn cq_with_channel(
+    ctx: *mut ibv_context,
+    cqe: u32,
+    id: *mut rdma_cm_id,
+) -> Result<(*mut ibv_comp_channel, *mut ibv_cq), c_int> {
+    let ch = verbs::ibv_create_comp_channel(ctx);
+    if ch.is_null() {
+        return Err(libc::ENOMEM);
+    }
+    let cq = verbs::ibv_create_cq(ctx, cqe.max(1) as c_int, id.cast(), ch, 0);
+    if cq.is_null() {
+        verbs::ibv_destroy_comp_channel(ch);
+        return Err(libc::ENOMEM);
+    }
+    Ok((ch, cq))
 }
 
 fn free_cqs(id: *mut rdma_cm_id) {

@@ -18,7 +18,7 @@
 //!   what does not fit its state; an event for a connection whose id is gone is dropped.
 use super::abi::*;
 use crate::abi::*;
-use crate::nic::{eventfd_add, Nic};
+use crate::nic::eventfd_add;
 use rocemu_emulator::cm::{CmAgent, CmEvent};
 use rocemu_emulator::engine::Engine;
 use rocemu_emulator::rng::KeyRng;
@@ -197,33 +197,31 @@ impl Ev {
         e
     }
 
-    /// Points the event's private data at a copy of `d`.
-    pub fn set_conn_data(&mut self, d: &[u8]) {
+    /// A copy of `d` in the event's own storage (at most 255 bytes, what the length field
+    /// holds): where the private data points, and its length.
+    fn keep(&mut self, d: &[u8]) -> (*const libc::c_void, u8) {
         let n = d.len().min(self.data.len()).min(255);
         self.data[..n].copy_from_slice(&d[..n]);
-        // writing the conn member of the union (plain data).
-        {
-            self.ev.param.conn.private_data = if n > 0 {
-                self.data.as_ptr().cast()
-            } else {
-                std::ptr::null()
-            };
-            self.ev.param.conn.private_data_len = n as u8;
-        }
+        let p = if n > 0 {
+            self.data.as_ptr().cast()
+        } else {
+            std::ptr::null()
+        };
+        (p, n as u8)
     }
 
+    /// Points the event's (connection) private data at a copy of `d`.
+    pub fn set_conn_data(&mut self, d: &[u8]) {
+        let (p, n) = self.keep(d);
+        self.ev.param.conn.private_data = p;
+        self.ev.param.conn.private_data_len = n;
+    }
+
+    /// Points the event's (UD) private data at a copy of `d`.
     pub fn set_ud_data(&mut self, d: &[u8]) {
-        let n = d.len().min(self.data.len()).min(255);
-        self.data[..n].copy_from_slice(&d[..n]);
-        // writing the ud member of the union (plain data).
-        {
-            self.ev.param.ud.private_data = if n > 0 {
-                self.data.as_ptr().cast()
-            } else {
-                std::ptr::null()
-            };
-            self.ev.param.ud.private_data_len = n as u8;
-        }
+        let (p, n) = self.keep(d);
+        self.ev.param.ud.private_data = p;
+        self.ev.param.ud.private_data_len = n;
     }
 }
 
@@ -659,12 +657,9 @@ impl Service {
                 let mut ev = Ev::new(cid, RDMA_CM_EVENT_CONNECT_RESPONSE, 0);
                 ev.post = Post::ConnectResponse;
                 ev.set_conn_data(&private_data[..]);
-                // the conn member (plain data).
-                {
-                    ev.ev.param.conn.responder_resources = idepth;
-                    ev.ev.param.conn.initiator_depth = rr;
-                    ev.ev.param.conn.qp_num = remote_qpn.value();
-                }
+                ev.ev.param.conn.responder_resources = idepth;
+                ev.ev.param.conn.initiator_depth = rr;
+                ev.ev.param.conn.qp_num = remote_qpn.value();
                 self.event(cid, ev);
             }
             // Passive side, the RTU came: ESTABLISHED without private data, as the kernel's
@@ -757,12 +752,9 @@ impl Service {
                 let sgid = local.map(|ip| self.gid_index(ip)).unwrap_or(1);
                 let mut ev = Ev::new(cid, RDMA_CM_EVENT_ESTABLISHED, 0);
                 ev.set_ud_data(&private_data[..]);
-                // the ud member (plain data).
-                {
-                    ev.ev.param.ud.ah_attr = ah_to(dst.ip(), sgid, tos, 0);
-                    ev.ev.param.ud.qp_num = qpn.value();
-                    ev.ev.param.ud.qkey = qkey.0;
-                }
+                ev.ev.param.ud.ah_attr = ah_to(dst.ip(), sgid, tos, 0);
+                ev.ev.param.ud.qp_num = qpn.value();
+                ev.ev.param.ud.qkey = qkey.0;
                 self.event(cid, ev);
             }
         }
@@ -802,7 +794,7 @@ impl Service {
             }
         };
         let Some(l) = self.ids.get(&lid) else { return };
-        let (chan, sync, tos) = (l.chan, l.sync, l.tos);
+        let (chan, tos) = (l.chan, l.tos);
         let cid = new_id(lid, ps, IBV_QPT_RC);
         let mut s = IdState::new(chan, false, ps, IBV_QPT_RC);
         s.st = St::ReqRcvd;
@@ -824,24 +816,19 @@ impl Service {
             flow_label: req.primary_path.flow_label,
             remote_qkey: 0,
         };
-        // A synchronous listener's requests get a synchronous channel of their own
-        // (rdma_get_request hands them out; librdmacm migrates them).
-        let _ = sync;
-        set_route(cid, &s, self);
+        set_route(cid, &s);
         self.ids.insert(cid, s);
         self.by_comm.insert(comm.0, cid);
         let mut ev = Ev::new(cid, RDMA_CM_EVENT_CONNECT_REQUEST, 0);
         ev.ev.listen_id = lid as *mut rdma_cm_id;
         ev.set_conn_data(&req.private_data[off..]);
-        // SAFETY: the conn member (plain data). As the kernel reports them: the request's
-        // initiator depth is what we may accept as responder, and the other way round.
-        {
-            ev.ev.param.conn.responder_resources = req.initiator_depth;
-            ev.ev.param.conn.initiator_depth = req.responder_resources;
-            ev.ev.param.conn.retry_count = req.retry_count;
-            ev.ev.param.conn.rnr_retry_count = req.rnr_retry_count;
-            ev.ev.param.conn.qp_num = req.local_qpn.value();
-        }
+        // As the kernel reports them: the request's initiator depth is what we may accept as
+        // responder, and the other way round.
+        ev.ev.param.conn.responder_resources = req.initiator_depth;
+        ev.ev.param.conn.initiator_depth = req.responder_resources;
+        ev.ev.param.conn.retry_count = req.retry_count;
+        ev.ev.param.conn.rnr_retry_count = req.rnr_retry_count;
+        ev.ev.param.conn.qp_num = req.local_qpn.value();
         self.push(chan, ev);
     }
 
@@ -875,17 +862,14 @@ impl Service {
         s.src = Some(src);
         s.dst = Some(dst);
         s.tos = tos;
-        set_route(cid, &s, self);
+        set_route(cid, &s);
         let sgid = self.gid_index(src.ip());
         self.ids.insert(cid, s);
         self.by_comm.insert(comm.0, cid);
         let mut ev = Ev::new(cid, RDMA_CM_EVENT_CONNECT_REQUEST, 0);
         ev.ev.listen_id = lid as *mut rdma_cm_id;
         ev.set_ud_data(&pd[36.min(pd.len())..]);
-        // the ud member (plain data).
-        {
-            ev.ev.param.ud.ah_attr = ah_to(from, sgid, tos, 0);
-        }
+        ev.ev.param.ud.ah_attr = ah_to(from, sgid, tos, 0);
         self.push(chan, ev);
     }
 }
@@ -910,7 +894,7 @@ fn new_id(lid: usize, ps: i32, qp_type: i32) -> usize {
 }
 
 /// Writes an id's addresses, GIDs and path record into the program-visible struct.
-pub fn set_route(id: usize, s: &IdState, svc: &Service) {
+pub fn set_route(id: usize, s: &IdState) {
     let p = id as *mut rdma_cm_id;
     // SAFETY: a live id of ours; only its route is written.
     let r = unsafe { &mut (*p).route };
@@ -927,7 +911,6 @@ pub fn set_route(id: usize, s: &IdState, svc: &Service) {
         };
     }
     r.addr.ibaddr.pkey = 0xffff_u16.to_be();
-    let _ = svc;
 }
 
 /// The IP address a CMA header's 16 bytes hold (IPv4 in the last four for version 4).
@@ -993,8 +976,7 @@ pub fn write_sockaddr(dst: &mut libc::sockaddr_storage, a: SocketAddr) {
 
 /// One turn of the CM, on the engine thread with the RNIC locked: MADs in, timers, the agent's
 /// events, MADs out, addresses being resolved.
-pub fn turn(nic: &Nic, svc: &mut Service, r: &mut Rnic, engine: &mut Engine) -> usize {
-    let _ = nic;
+pub fn turn(svc: &mut Service, r: &mut Rnic, engine: &mut Engine) -> usize {
     svc.turns += 1;
     let now = svc.now();
     let mut wcs = std::mem::take(&mut svc.wcs);
