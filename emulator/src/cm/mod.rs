@@ -45,6 +45,7 @@ use rocemu_wire::{PKey, QKey, Qpn};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::{IpAddr, Ipv6Addr};
 
+pub mod gsi;
 mod state;
 #[cfg(test)]
 mod tests;

@@ -17,21 +17,19 @@
 //! rdma_cm TCP port space plus the port, and each end's Starting PSN is the PSN it expects to
 //! receive (the peer sends from it).
 use crate::remote::Endpoint;
+use rocemu_emulator::cm::gsi::Gsi;
 use rocemu_emulator::cm::{CmAgent, CmCounters, CmEvent, CmState, ConnParams};
-use rocemu_emulator::rnic::mr::MrInfo;
 use rocemu_emulator::rnic::*;
 use rocemu_wire::cm::{
     rdma_cm_flow_label, CmaHdr, CommId, PortSpace, RejReason, ReqRepr, ServiceId,
 };
 use rocemu_wire::eth::Mac;
 use rocemu_wire::mad::MAD_LEN;
-use rocemu_wire::{Psn, QKey, Qpn};
+use rocemu_wire::{Psn, Qpn};
 use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
-/// The GSI Q_Key (IBTA 13.5.1).
-const GRH: usize = 40;
 /// Receives kept posted on QP1: a burst of MADs beyond them is dropped by the RNIC (counted
 /// there), as a NIC drops what finds no receive; enough for a burst of the engine's.
 const MAD_RECVS: usize = 64;
@@ -89,12 +87,6 @@ struct Waiting {
     asked: Instant,
 }
 
-struct Gsi {
-    qpn: Qpn,
-    cq: CqId,
-    mr: MrInfo,
-}
-
 /// QP1 and the CM agent, driven by the engine's turns.
 pub(crate) struct Cm {
     gsi: Gsi,
@@ -135,32 +127,7 @@ pub(crate) struct RcConn {
 impl Cm {
     pub(crate) fn new(ep: &mut Endpoint) -> Result<Cm, String> {
         let r = &mut ep.rnic;
-        let pd = r.alloc_pd();
-        // Room for a completion of every send and receive WQE at once: a CQ that overflows
-        // goes to error and takes QP1 with it (IBV_EVENT_CQ_ERR).
-        let cq = r
-            .create_cq(MAD_SENDS + MAD_RECVS + 8)
-            .map_err(|e| e.to_string())?;
-        let mr = r
-            .reg_mr(pd, (MAD_RECVS + 1) * (GRH + MAD_LEN), Access::LOCAL_WRITE)
-            .map_err(|e| e.to_string())?;
-        let init = QpInitAttr {
-            qp_type: QpType::Ud,
-            send_cq: cq,
-            recv_cq: cq,
-            srq: None,
-            cap: QpCap {
-                max_send_wr: MAD_SENDS as u32,
-                max_recv_wr: MAD_RECVS as u32,
-                max_send_sge: 1,
-                max_recv_sge: 1,
-                max_inline_data: 0,
-            },
-            sq_sig_all: true,
-        };
-        let qpn = r.create_gsi_qp(pd, init).map_err(|e| e.to_string())?;
-        r.ready_gsi_qp(qpn).map_err(|e| e.to_string())?;
-        let gsi = Gsi { qpn, cq, mr };
+        let gsi = Gsi::open(r, MAD_SENDS, MAD_RECVS).map_err(|e| e.to_string())?;
         for i in 0..MAD_RECVS {
             post_mad_recv(r, &gsi, i)?;
         }
@@ -236,13 +203,8 @@ impl Cm {
                 continue; // a send completion
             }
             let i = (wc.wr_id - ID_MAD_RECV * 1000) as usize;
-            if wc.status == WcStatus::Success && wc.byte_len as usize >= GRH + MAD_LEN {
-                let b = ep.rnic.mr_bytes(self.gsi.mr.lkey).expect("registered");
-                let buf = &b[i * (GRH + MAD_LEN)..(i + 1) * (GRH + MAD_LEN)];
-                if let Some(from) = grh_source(&buf[..GRH]) {
-                    let mad: [u8; MAD_LEN] = buf[GRH..].try_into().expect("MAD_LEN bytes");
-                    self.agent.handle_mad(now, from, &mad);
-                }
+            if let Some((from, mad)) = self.gsi.received(&ep.rnic, i, wc) {
+                self.agent.handle_mad(now, from, &mad);
             }
             post_mad_recv(&mut ep.rnic, &self.gsi, i)?;
         }
@@ -334,24 +296,12 @@ impl Cm {
     }
 
     fn post_mad(&mut self, ep: &mut Endpoint, to: IpAddr, mac: Mac, mad: &[u8; MAD_LEN]) {
-        let off = MAD_RECVS * (GRH + MAD_LEN);
-        ep.rnic.mr_bytes_mut(self.gsi.mr.lkey).expect("registered")[off..off + MAD_LEN]
-            .copy_from_slice(mad);
-        let mut wr = SendWr::new(
-            ID_MAD_SEND,
-            WrOpcode::Send,
-            vec![Sge {
-                addr: self.gsi.mr.addr + off as u64,
-                length: MAD_LEN as u32,
-                lkey: self.gsi.mr.lkey,
-            }],
-        );
-        wr.ud = Some(UdDest {
-            ah: AhAttr::to(to, mac),
-            remote_qpn: Qpn::new(1),
-            remote_qkey: QKey::GSI,
-        });
-        if ep.rnic.post_send(self.gsi.qpn, wr).is_err() {
+        // One send buffer (slot 0), from our first GID: the endpoint's address.
+        if self
+            .gsi
+            .send(&mut ep.rnic, 0, ID_MAD_SEND, to, mac, 0, mad)
+            .is_err()
+        {
             self.stats.send_failures += 1;
             return;
         }
@@ -772,19 +722,8 @@ fn reset_qp(ep: &mut Endpoint, qpn: Qpn) -> Result<(), String> {
 }
 
 fn post_mad_recv(r: &mut Rnic, g: &Gsi, i: usize) -> Result<(), String> {
-    r.post_recv(
-        g.qpn,
-        RecvWr {
-            wr_id: ID_MAD_RECV * 1000 + i as u64,
-            sg_list: [Sge {
-                addr: g.mr.addr + (i * (GRH + MAD_LEN)) as u64,
-                length: (GRH + MAD_LEN) as u32,
-                lkey: g.mr.lkey,
-            }]
-            .into(),
-        },
-    )
-    .map_err(|e| e.to_string())
+    g.post_recv(r, i, ID_MAD_RECV * 1000 + i as u64)
+        .map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

@@ -19,10 +19,10 @@
 use super::abi::*;
 use crate::abi::*;
 use crate::nic::eventfd_add;
+use rocemu_emulator::cm::gsi::Gsi;
 use rocemu_emulator::cm::{CmAgent, CmEvent};
 use rocemu_emulator::engine::Engine;
 use rocemu_emulator::rng::KeyRng;
-use rocemu_emulator::rnic::mr::MrInfo;
 use rocemu_emulator::rnic::*;
 use rocemu_emulator::time::Nanos;
 use rocemu_wire::cm::{CmaHdr, CommId, PortSpace, ReqRepr, ServiceId, SidrStatus};
@@ -33,7 +33,6 @@ use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
-const GRH: usize = 40;
 const MAD_RECVS: usize = 64;
 const MAD_SENDS: usize = 32;
 /// Receives are `ID_RECV + slot`, sends `ID_SEND + slot`.
@@ -247,9 +246,7 @@ pub struct Counters {
 
 /// QP1, the agent and every id.
 pub struct Service {
-    gsi_qpn: Qpn,
-    gsi_cq: CqId,
-    gsi_mr: MrInfo,
+    gsi: Gsi,
     free_sends: Vec<usize>,
     pub agent: CmAgent,
     pub ids: HashMap<usize, IdState>,
@@ -280,33 +277,7 @@ pub struct Service {
 
 impl Service {
     pub fn new(r: &mut Rnic, ips: Vec<IpAddr>) -> Result<Service, String> {
-        let pd = r.try_alloc_pd().map_err(|e| e.to_string())?;
-        let cq = r
-            .create_cq(MAD_SENDS + MAD_RECVS + 8)
-            .map_err(|e| e.to_string())?;
-        let mr = r
-            .reg_mr(
-                pd,
-                MAD_RECVS * (GRH + MAD_LEN) + MAD_SENDS * MAD_LEN,
-                Access::LOCAL_WRITE,
-            )
-            .map_err(|e| e.to_string())?;
-        let init = QpInitAttr {
-            qp_type: QpType::Ud,
-            send_cq: cq,
-            recv_cq: cq,
-            srq: None,
-            cap: QpCap {
-                max_send_wr: MAD_SENDS as u32,
-                max_recv_wr: MAD_RECVS as u32,
-                max_send_sge: 1,
-                max_recv_sge: 1,
-                max_inline_data: 0,
-            },
-            sq_sig_all: true,
-        };
-        let qpn = r.create_gsi_qp(pd, init).map_err(|e| e.to_string())?;
-        r.ready_gsi_qp(qpn).map_err(|e| e.to_string())?;
+        let gsi = Gsi::open(r, MAD_SENDS, MAD_RECVS).map_err(|e| e.to_string())?;
         let seed = r.random_seed();
         let mut agent = CmAgent::with_seed(ips[ips.len() - 1], r.node_guid(), &seed);
         // As Linux's rdma_cm for a program's connection request: an MRA (service timeout 24,
@@ -320,9 +291,7 @@ impl Service {
         let mut rng = KeyRng::new(&r.random_seed());
         let next_port = 32768 + (rng.next_u32() % 28000) as u16;
         let s = Service {
-            gsi_qpn: qpn,
-            gsi_cq: cq,
-            gsi_mr: mr,
+            gsi,
             free_sends: (0..MAD_SENDS).collect(),
             agent,
             ids: HashMap::new(),
@@ -362,18 +331,7 @@ impl Service {
     }
 
     fn post_recv(&self, r: &mut Rnic, i: usize) -> Result<(), VerbsError> {
-        r.post_recv(
-            self.gsi_qpn,
-            RecvWr {
-                wr_id: ID_RECV + i as u64,
-                sg_list: [Sge {
-                    addr: self.gsi_mr.addr + (i * (GRH + MAD_LEN)) as u64,
-                    length: (GRH + MAD_LEN) as u32,
-                    lkey: self.gsi_mr.lkey,
-                }]
-                .into(),
-            },
-        )
+        self.gsi.post_recv(r, i, ID_RECV + i as u64)
     }
 
     /// A random 24-bit PSN (as Linux's `get_random_u32() & 0xffffff`).
@@ -486,32 +444,15 @@ impl Service {
             self.counters.mads_dropped_full += 1;
             return;
         };
-        let off = MAD_RECVS * (GRH + MAD_LEN) + slot * MAD_LEN;
-        if let Some(b) = r.mr_bytes_mut(self.gsi_mr.lkey) {
-            b[off..off + MAD_LEN].copy_from_slice(mad);
-        }
-        let mut wr = SendWr::new(
-            ID_SEND + slot as u64,
-            WrOpcode::Send,
-            vec![Sge {
-                addr: self.gsi_mr.addr + off as u64,
-                length: MAD_LEN as u32,
-                lkey: self.gsi_mr.lkey,
-            }],
-        );
         let sgid = self
             .local_ip_for(to)
             .map(|ip| self.gid_index(ip))
             .unwrap_or(1);
-        wr.ud = Some(UdDest {
-            ah: AhAttr {
-                sgid_index: sgid,
-                ..AhAttr::to(to, mac)
-            },
-            remote_qpn: Qpn::new(1),
-            remote_qkey: QKey::GSI,
-        });
-        if r.post_send(self.gsi_qpn, wr).is_err() {
+        if self
+            .gsi
+            .send(r, slot, ID_SEND + slot as u64, to, mac, sgid, mad)
+            .is_err()
+        {
             self.free_sends.push(slot);
             self.counters.mads_dropped_full += 1;
             return;
@@ -981,7 +922,7 @@ pub fn turn(svc: &mut Service, r: &mut Rnic, engine: &mut Engine) -> usize {
     let now = svc.now();
     let mut wcs = std::mem::take(&mut svc.wcs);
     wcs.clear();
-    r.poll_cq_into(svc.gsi_cq, MAD_SENDS + MAD_RECVS, &mut wcs);
+    r.poll_cq_into(svc.gsi.cq, MAD_SENDS + MAD_RECVS, &mut wcs);
     let work = wcs.len();
     for wc in &wcs {
         if wc.wr_id >= ID_SEND {
@@ -992,17 +933,8 @@ pub fn turn(svc: &mut Service, r: &mut Rnic, engine: &mut Engine) -> usize {
         if i >= MAD_RECVS {
             continue;
         }
-        if wc.status == WcStatus::Success && wc.byte_len as usize >= GRH + MAD_LEN {
-            let mut mad = [0u8; MAD_LEN];
-            let mut from = None;
-            if let Some(b) = r.mr_bytes(svc.gsi_mr.lkey) {
-                let buf = &b[i * (GRH + MAD_LEN)..(i + 1) * (GRH + MAD_LEN)];
-                from = grh_source(&buf[..GRH]);
-                mad.copy_from_slice(&buf[GRH..]);
-            }
-            if let Some(from) = from {
-                svc.agent.handle_mad(now, from, &mad);
-            }
+        if let Some((from, mad)) = svc.gsi.received(r, i, wc) {
+            svc.agent.handle_mad(now, from, &mad);
         }
         let _ = svc.post_recv(r, i);
     }
