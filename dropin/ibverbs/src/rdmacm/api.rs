@@ -913,13 +913,10 @@ pub extern "C" fn rdma_accept(id: *mut rdma_cm_id, param: *mut rdma_conn_param) 
             if user.len() > 136 {
                 return err(EINVAL);
             }
-            return match s.agent.sidr_reply(
-                c,
-                SidrStatus::SUCCESS,
-                qpn,
-                QKey(RDMA_UDP_QKEY),
-                user,
-            ) {
+            return match s
+                .agent
+                .sidr_reply(c, SidrStatus::SUCCESS, qpn, QKey(RDMA_UDP_QKEY), user)
+            {
                 Ok(()) => 0,
                 Err(_) => err(EINVAL),
             };
@@ -1325,11 +1322,23 @@ pub extern "C" fn rdma_init_qp_attr(
 fn make_cqs(id: *mut rdma_cm_id, send: u32, recv: u32) -> Result<(), c_int> {
     // SAFETY: a live id of ours.
     let i = unsafe { &mut *id };
-    if recv > 0 && i.recv_cq.is_null() {
+    let made_recv = recv > 0 && i.recv_cq.is_null();
+    if made_recv {
         (i.recv_cq_channel, i.recv_cq) = cq_with_channel(i.verbs, recv, id)?;
     }
     if send > 0 && i.send_cq.is_null() {
-        (i.send_cq_channel, i.send_cq) = cq_with_channel(i.verbs, send, id)?;
+        match cq_with_channel(i.verbs, send, id) {
+            Ok(pair) => (i.send_cq_channel, i.send_cq) = pair,
+            Err(e) => {
+                // Nothing half made stays behind: the receive CQ made just now goes too.
+                if made_recv {
+                    verbs::ibv_destroy_cq(i.recv_cq);
+                    verbs::ibv_destroy_comp_channel(i.recv_cq_channel);
+                    (i.recv_cq, i.recv_cq_channel) = (null_mut(), null_mut());
+                }
+                return Err(e);
+            }
+        }
     }
     Ok(())
 }
