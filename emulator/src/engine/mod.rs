@@ -87,6 +87,24 @@ pub struct EngineStats {
     pub pcap_errors: u64,
 }
 
+impl EngineStats {
+    /// Every engine counter with its name (`rocemu stats`), in a fixed order.
+    pub fn named(&self) -> Vec<(&'static str, u64)> {
+        vec![
+            ("arp_requests_answered", self.arp_requests_answered),
+            ("arp_requests_sent", self.arp_requests_sent),
+            ("nd_solicits_answered", self.nd_solicits_answered),
+            ("nd_solicits_sent", self.nd_solicits_sent),
+            ("neighbours_learnt", self.neighbours_learnt),
+            ("neighbours_refused", self.neighbours_refused),
+            ("ctl_ignored", self.ctl_ignored),
+            ("ctl_dropped", self.ctl_dropped),
+            ("rx_own", self.rx_own),
+            ("pcap_errors", self.pcap_errors),
+        ]
+    }
+}
+
 /// Everything but the port, so that a receive burst can borrow both.
 struct State {
     start: Instant,

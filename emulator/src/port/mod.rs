@@ -46,6 +46,20 @@ pub struct PortStats {
     pub rx_dropped: u64,
 }
 
+impl PortStats {
+    /// Every port counter with its name (`rocemu stats`: `port_` and the field), in a fixed order.
+    pub fn named(&self) -> Vec<(&'static str, u64)> {
+        vec![
+            ("port_rx_frames", self.rx_frames),
+            ("port_rx_bytes", self.rx_bytes),
+            ("port_tx_frames", self.tx_frames),
+            ("port_tx_bytes", self.tx_bytes),
+            ("port_tx_dropped", self.tx_dropped),
+            ("port_rx_dropped", self.rx_dropped),
+        ]
+    }
+}
+
 /// Something that moves Ethernet frames (without the FCS).
 pub trait Port {
     /// Receives up to `max` frames and calls `f` on each, in the port's own buffer (mutable so

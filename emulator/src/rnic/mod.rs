@@ -28,6 +28,7 @@
 //! slots.rs      handle tables with generations: the CQs and the PDs
 //! mr.rs         the memory table: PDs, MRs, key and bounds checks, gather and scatter
 //! verbs.rs      the verbs-facing types, named after ibverbs
+//! stats.rs      counters by name, and each QP's state and counters (`rocemu stats`)
 //! ```
 //!
 //! Invariants: nothing here reads a clock (every entry point takes `now`), opens a socket or
@@ -51,6 +52,7 @@ mod schedule;
 mod slots;
 mod srq;
 pub mod state;
+mod stats;
 pub mod verbs;
 
 pub use cq::ASYNC_EVENTS_MAX;
@@ -58,4 +60,5 @@ pub(crate) use device::Dev;
 pub use device::{Counters, Rnic, RnicConfig};
 pub(crate) use modify::flush;
 pub(crate) use receive::Packet;
+pub use stats::{QpCounters, QpInfo};
 pub use verbs::*;
