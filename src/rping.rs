@@ -75,7 +75,9 @@ pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
     if !a.end.imp.get()?.is_none() {
         println!(
             "retransmitted {} packets, {} NAKs received, {} local ACK timeouts",
-            c.retransmits, c.naks_received, c.local_ack_timeouts
+            c.retransmitted_pkts,
+            c.nak_rcvd(),
+            c.local_ack_timeout_err
         );
     }
     Ok(ExitCode::SUCCESS)

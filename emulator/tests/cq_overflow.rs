@@ -86,7 +86,7 @@ fn a_full_cq_goes_to_error_and_takes_its_qps_with_it() {
     assert_eq!(p.a.qp_state(same).unwrap(), QpState::Err);
     assert_eq!(p.a.qp_state(apart).unwrap(), QpState::Rts);
     assert!(p.a.cq_overflowed(a.cq));
-    assert!(p.a.counters().cq_overflows >= 1);
+    assert!(p.a.counters().cq_overflow >= 1);
     // The four completions that made it are there; then the error.
     let mut wcs = Vec::new();
     assert_eq!(p.a.try_poll_cq(a.cq, 16, &mut wcs), Ok(4));

@@ -164,7 +164,7 @@ fn rc_duplicate_from_before_the_wrap_is_a_duplicate() {
     t.flush_now();
     assert_eq!(t.acks(Dir::BA), vec![(0xffffff, ACK, 3)]);
     assert_eq!(t.wcs(B).len(), 3);
-    assert_eq!(t.p.b.counters().duplicate_requests, 1);
+    assert_eq!(t.p.b.counters().duplicate_request, 1);
 }
 
 #[test]

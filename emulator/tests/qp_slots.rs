@@ -133,11 +133,11 @@ fn a_stale_qpn_does_not_reach_the_new_qp() {
         assert_eq!(w.len(), 1, "{w:?}");
         assert_eq!(w[0].status, WcStatus::Success);
     };
-    let before = p.b.counters().rx_no_qp;
+    let before = p.b.counters().rx_drop_no_qp;
     for (i, &q) in stale.iter().enumerate() {
         send(&mut p, q, i as u64);
     }
-    assert_eq!(p.b.counters().rx_no_qp - before, stale.len() as u64);
+    assert_eq!(p.b.counters().rx_drop_no_qp - before, stale.len() as u64);
     assert!(p.b.poll_cq(cqb, 16).is_empty(), "a stale QPN reached {qb}");
     send(&mut p, qb, 99);
     let w = p.b.poll_cq(cqb, 16);

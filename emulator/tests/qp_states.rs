@@ -182,12 +182,12 @@ fn modify_to_err_flushes_sq_and_rq_signaled_or_not() {
     t.flush_now();
     assert_eq!(t.pkts(Dir::AB).len(), 3, "nothing sent from ERR");
     // Frames to a QP in ERR are dropped.
-    let before = t.p.a.counters().rx_dropped;
+    let before = t.p.a.counters().rx_drop_qp_state;
     t.filter = Box::new(|_| Verdict::Pass);
     t.post_recv(B, 1, 0, 64);
     t.post_send(B, wr(7, WrOpcode::Send, vec![t.sge(B, 0, 8)]));
     t.flush_now();
-    assert_eq!(t.p.a.counters().rx_dropped, before + 1);
+    assert_eq!(t.p.a.counters().rx_drop_qp_state, before + 1);
     assert!(t.acks(Dir::AB).is_empty());
 }
 

@@ -119,8 +119,12 @@ fn psn_sequence_error_nak_once_then_go_back_n() {
     assert_eq!(t.state(A), QpState::Rts);
     assert_eq!(t.state(B), QpState::Rts);
     let (ca, cb) = (t.p.a.counters(), t.p.b.counters());
-    assert_eq!((cb.naks_sent, cb.seq_errors), (1, 4));
-    assert_eq!((ca.naks_received, ca.retransmits), (1, 5));
+    assert_eq!((cb.nak_sent_seq_err, cb.nak_sent()), (1, 1));
+    // Four packets came after the gap; the first made the NAK (rxe counts that one).
+    assert_eq!((cb.out_of_sequence, cb.out_of_seq_request), (4, 1));
+    assert_eq!((ca.nak_rcvd_seq_err, ca.nak_rcvd()), (1, 1));
+    assert_eq!((ca.packet_seq_err, ca.completer_retry_err), (1, 1));
+    assert_eq!(ca.retransmitted_pkts, 5);
 }
 
 #[test]

@@ -71,8 +71,8 @@ fn rnr_nak_then_retry_after_the_table_delay_then_success() {
     let wb = t.wcs(B);
     assert_eq!((wb[0].wr_id, wb[0].byte_len), (9, 600));
     assert_eq!(t.bytes(B, 0, 600), data);
-    assert_eq!(t.p.a.counters().rnr_naks_received, 1);
-    assert_eq!(t.p.b.counters().rnr_naks_sent, 1);
+    assert_eq!(t.p.a.counters().rcvd_rnr_err, 1);
+    assert_eq!(t.p.b.counters().send_rnr_err, 1);
 }
 
 #[test]
@@ -128,7 +128,7 @@ fn rnr_retry_7_retries_forever() {
     assert_eq!(t.state(A), QpState::Rts);
     let n = t.pkts(Dir::AB).len();
     assert_eq!(n, 201, "one try and 200 retries");
-    assert_eq!(t.p.b.counters().rnr_naks_sent, 201);
+    assert_eq!(t.p.b.counters().send_rnr_err, 201);
     t.post_recv(B, 1, 0, 64);
     assert_eq!(st(&t.wait_wcs(A, 1)), vec![(1, WcStatus::Success)]);
 }
@@ -248,8 +248,11 @@ fn ack_timeout_retries_then_retry_exc_err() {
     assert!(wb.is_empty());
     assert_eq!(t.state(A), QpState::Err);
     assert_eq!(t.state(B), QpState::Rts, "the responder never knew");
-    assert_eq!(t.p.a.counters().local_ack_timeouts, 4);
-    assert_eq!(t.p.a.counters().retransmits, 6);
+    // Three timeouts retried (mlx5 counts those), the fourth exhausted retry_cnt.
+    assert_eq!(t.p.a.counters().local_ack_timeout_err, 3);
+    assert_eq!(t.p.a.counters().retry_exceeded_err, 1);
+    assert_eq!(t.p.a.counters().completer_retry_err, 3);
+    assert_eq!(t.p.a.counters().retransmitted_pkts, 6);
 }
 
 #[test]
@@ -317,7 +320,7 @@ fn lost_ack_is_answered_by_a_duplicate_ack_and_nothing_is_delivered_twice() {
         vec![(O::RC_SEND_ONLY, PSN_A), (O::RC_SEND_ONLY, PSN_A)]
     );
     assert_eq!(t.acks(Dir::BA), vec![(PSN_A, ACK, 1), (PSN_A, ACK, 1)]);
-    assert_eq!(t.p.b.counters().duplicate_requests, 1);
+    assert_eq!(t.p.b.counters().duplicate_request, 1);
 }
 
 #[test]
@@ -847,7 +850,7 @@ fn pair_drive_serves_a_retransmission_at_its_timer() {
     let mut posted = false;
     let mut got = Vec::new();
     t.p.drive_until(100_000, |p| {
-        if !posted && p.b.counters().rnr_naks_sent == 1 {
+        if !posted && p.b.counters().send_rnr_err == 1 {
             posted = true;
             p.b.post_recv(
                 qb,

@@ -87,7 +87,7 @@ fn duplicate_and_rnr_flood_stays_bounded_and_traffic_goes_on() {
     }
     let c = t.p.b.counters();
     assert_eq!(
-        c.duplicate_requests - before.duplicate_requests,
+        c.duplicate_request - before.duplicate_request,
         3 * FLOOD as u64
     );
     assert!(
@@ -196,7 +196,11 @@ fn atomics_beyond_the_response_slots_are_dropped_and_counted() {
     // NAK the next one causes (the queue is still full); the rest are out of sequence and
     // dropped silently (one NAK per sequence error).
     assert_eq!(c.resp_dropped, 2, "{c:?}");
-    assert_eq!(c.seq_errors, FLOOD as u64 - slots(4) as u64 - 1);
+    assert_eq!(c.out_of_sequence, FLOOD as u64 - slots(4) as u64 - 1);
+    assert_eq!(
+        c.out_of_seq_request, 1,
+        "one sequence error, one NAK decided"
+    );
     // Executed: the one answered before the flood and one per slot; no more.
     let v = u64::from_le_bytes(t.bytes(B, 0x100, 8).try_into().unwrap());
     assert_eq!(v as usize, 1 + slots(4));

@@ -297,11 +297,11 @@ fn an_empty_srq_rnr_naks_then_delivers_after_post_srq_recv() {
     let m = data(5, 200);
     write_a(&mut b.p, &b.a, 0, &m);
     b.send(0, 1, 0, m.len());
-    let naks = |p: &mut Pair| p.b.counters().rnr_naks_sent;
+    let naks = |p: &mut Pair| p.b.counters().send_rnr_err;
     b.p.drive_until(100_000, |p| naks(p) >= 1).unwrap();
     assert_eq!(b.b_wcs(), vec![]);
     // The requester keeps trying (rnr_retry 7: forever); a WQE on the SRQ ends it.
-    b.p.drive_until(1_000_000, |p| p.a.counters().rnr_naks_received >= 2)
+    b.p.drive_until(1_000_000, |p| p.a.counters().rcvd_rnr_err >= 2)
         .unwrap();
     post_srq(&mut b.p.b, b.srq, &b.b.mr, 0);
     b.p.drive(1_000_000).unwrap();

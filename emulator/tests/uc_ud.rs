@@ -311,7 +311,8 @@ fn ud_qkey_mismatch_is_dropped_and_controlled_qkey_uses_the_qps() {
         "UD completes when sent"
     );
     assert_eq!(t.pkts(Dir::AB)[0].deth.unwrap().qkey, QKey(0x2222_2222));
-    assert_eq!(t.p.b.counters().rx_dropped, 1);
+    assert_eq!(t.p.b.counters().rx_drop_bad_qkey, 1);
+    assert_eq!(t.p.b.counters().rx_drop_total(), 1);
     // A controlled Q_Key in the WR (high bit set): the QP's own Q_Key goes on the wire
     // (IBTA 10.2.4.1 ... C10-16).
     t.clear_log();

@@ -161,7 +161,7 @@ impl OpRun<'_> {
 fn run_op(ctx: &mut Ctx, a: &Side, b: &Side, label: &str, run: &OpRun) -> Row {
     let mut errs = Vec::new();
     let frames0 = ctx.p.frames;
-    let rt0 = ctx.p.a.counters().retransmits + ctx.p.b.counters().retransmits;
+    let rt0 = ctx.p.a.counters().retransmitted_pkts + ctx.p.b.counters().retransmitted_pkts;
     fill_op(ctx, a, b, run);
     let (bytes, want_b) = post_op(ctx, a, b, run, &mut errs);
     match ctx.drain(a.cq, b.cq, run.n, want_b) {
@@ -180,7 +180,7 @@ fn run_op(ctx: &mut Ctx, a: &Side, b: &Side, label: &str, run: &OpRun) -> Row {
             ctx.p.b.counters()
         );
     }
-    let rt = ctx.p.a.counters().retransmits + ctx.p.b.counters().retransmits - rt0;
+    let rt = ctx.p.a.counters().retransmitted_pkts + ctx.p.b.counters().retransmitted_pkts - rt0;
     Row {
         operation: format!("{label} {}", run.op),
         messages: run.n as u64,

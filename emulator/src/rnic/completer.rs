@@ -199,16 +199,15 @@ fn implied_nak(dev: &mut Dev, qp: &mut Qp, now: Nanos, ri: usize, resume: Psn) {
         fail_wqe(dev, qp, ri, WcStatus::RetryExcErr);
         return;
     }
+    dev.counters.implied_nak_seq_err += 1;
+    dev.counters.completer_retry_err += 1;
+    qp.counters.implied_nak_seq_err += 1;
     qp.retry_pending = true;
     go_back(qp, now, resume);
 }
 
-/// One response packet for this QP (RC only).
+/// One response packet for this QP: an RC QP in RTS or SQD (checked on receipt).
 pub(crate) fn handle(dev: &mut Dev, qp: &mut Qp, now: Nanos, pkt: &Packet<'_>) {
-    if !matches!(qp.state, QpState::Rts | QpState::Sqd) || qp.qp_type != QpType::Rc {
-        dev.counters.rx_dropped += 1;
-        return;
-    }
     let psn = pkt.bth.psn;
     let info = pkt.bth.opcode.info();
     let syndrome = pkt.ext.aeth.map(|a| a.syndrome);
@@ -216,7 +215,8 @@ pub(crate) fn handle(dev: &mut Dev, qp: &mut Qp, now: Nanos, pkt: &Packet<'_>) {
         match s.kind() {
             SyndromeKind::Ack { .. } => {}
             SyndromeKind::RnrNak { timer } => {
-                dev.counters.rnr_naks_received += 1;
+                dev.counters.rcvd_rnr_err += 1;
+                qp.counters.rnr_nak_rcvd += 1;
                 if !psn.is_before(qp.psn_high()) {
                     return;
                 }
@@ -228,6 +228,7 @@ pub(crate) fn handle(dev: &mut Dev, qp: &mut Qp, now: Nanos, pkt: &Packet<'_>) {
                     }
                     qp.rnr_left -= 1;
                 }
+                dev.counters.rnr_nak_retry_err += 1;
                 let wait = rocemu_wire::types::RNR_TIMER_MICROS[timer as usize] as u64;
                 qp.rnr_deadline = Some(now + Nanos::from_micros(wait));
                 qp.rnr_psn = psn;
@@ -235,9 +236,22 @@ pub(crate) fn handle(dev: &mut Dev, qp: &mut Qp, now: Nanos, pkt: &Packet<'_>) {
                 return;
             }
             SyndromeKind::Nak(code) => {
-                dev.counters.naks_received += 1;
+                let c = &mut dev.counters;
+                match code {
+                    NakCode::PsnSequenceError => c.nak_rcvd_seq_err += 1,
+                    NakCode::RemoteAccessError => c.nak_rcvd_rem_access += 1,
+                    NakCode::RemoteOperationalError => c.nak_rcvd_rem_op += 1,
+                    NakCode::InvalidRequest | NakCode::InvalidRdRequest | NakCode::Reserved(_) => {
+                        c.nak_rcvd_inv_req += 1
+                    }
+                }
+                qp.counters.nak_rcvd += 1;
                 if !psn.is_before(qp.psn_high()) {
                     return;
+                }
+                // rxe's check_ack counts a sequence NAK only when it acknowledges something.
+                if matches!(code, NakCode::PsnSequenceError) && psn.is_after(qp.acked_psn) {
+                    c.rcvd_seq_err += 1;
                 }
                 complete_before(dev, qp, now, psn);
                 match code {
@@ -246,6 +260,8 @@ pub(crate) fn handle(dev: &mut Dev, qp: &mut Qp, now: Nanos, pkt: &Packet<'_>) {
                             fail_at(dev, qp, psn, WcStatus::RetryExcErr);
                             return;
                         }
+                        dev.counters.packet_seq_err += 1;
+                        dev.counters.completer_retry_err += 1;
                         go_back(qp, now, psn);
                     }
                     NakCode::InvalidRequest => fail_at(dev, qp, psn, WcStatus::RemInvReqErr),
@@ -258,7 +274,7 @@ pub(crate) fn handle(dev: &mut Dev, qp: &mut Qp, now: Nanos, pkt: &Packet<'_>) {
                 return;
             }
             SyndromeKind::Reserved(_) => {
-                dev.counters.rx_dropped += 1;
+                dev.counters.rx_drop_bad_aeth += 1;
                 return;
             }
         }
@@ -295,7 +311,7 @@ fn read_response(dev: &mut Dev, qp: &mut Qp, now: Nanos, pkt: &Packet<'_>) {
     let psn = pkt.bth.psn;
     // The READ this response belongs to: the oldest WQE still waiting for responses.
     let Some(ri) = awaiting_response(qp) else {
-        dev.counters.rx_dropped += 1;
+        dev.counters.rx_drop_unexpected_resp += 1;
         return;
     };
     let (first, npkts, got, is_read) = {
@@ -308,7 +324,7 @@ fn read_response(dev: &mut Dev, qp: &mut Qp, now: Nanos, pkt: &Packet<'_>) {
         )
     };
     if psn.is_before(first) {
-        dev.counters.rx_dropped += 1; // a duplicate of an older response
+        dev.counters.rx_drop_duplicate_resp += 1; // a duplicate of an older response
         return;
     }
     // Everything before the READ is acknowledged by its response (IBTA 9.7.5.2.2).
@@ -325,7 +341,7 @@ fn read_response(dev: &mut Dev, qp: &mut Qp, now: Nanos, pkt: &Packet<'_>) {
             // once per gap, not once per packet after it.
             implied_nak(dev, qp, now, ri, expected);
         } else {
-            dev.counters.rx_dropped += 1;
+            dev.counters.rx_drop_duplicate_resp += 1;
         }
         return;
     }
@@ -384,7 +400,7 @@ fn read_response(dev: &mut Dev, qp: &mut Qp, now: Nanos, pkt: &Packet<'_>) {
 fn atomic_ack(dev: &mut Dev, qp: &mut Qp, now: Nanos, pkt: &Packet<'_>) {
     let psn = pkt.bth.psn;
     let Some(ri) = awaiting_response(qp) else {
-        dev.counters.rx_dropped += 1;
+        dev.counters.rx_drop_unexpected_resp += 1;
         return;
     };
     let first = qp.sq[ri].first_psn;
@@ -393,7 +409,7 @@ fn atomic_ack(dev: &mut Dev, qp: &mut Qp, now: Nanos, pkt: &Packet<'_>) {
             let resume = first.add(qp.sq[ri].resp_pkts);
             implied_nak(dev, qp, now, ri, resume);
         } else {
-            dev.counters.rx_dropped += 1;
+            dev.counters.rx_drop_duplicate_resp += 1;
         }
         return;
     }
@@ -435,12 +451,14 @@ pub(crate) fn timeout(dev: &mut Dev, qp: &mut Qp, now: Nanos) {
             if !outstanding(qp) {
                 return;
             }
-            dev.counters.local_ack_timeouts += 1;
             if !spend_retry(qp) {
                 // IBTA 9.7.6.1.3: retries exhausted: RETRY_EXC_ERR and the QP to ERR.
                 fail_wqe(dev, qp, 0, WcStatus::RetryExcErr);
                 return;
             }
+            dev.counters.local_ack_timeout_err += 1;
+            dev.counters.completer_retry_err += 1;
+            qp.counters.local_ack_timeout_err += 1;
             let p = qp.acked_psn;
             go_back(qp, now, p);
         }

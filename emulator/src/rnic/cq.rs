@@ -65,12 +65,13 @@ impl Dev {
     }
 
     fn push_wc_se(&mut self, cq: CqId, wc: Wc, se: bool) {
+        self.count_wc(&wc);
         if let Some(c) = self.cqs.get_mut(cq.0) {
             if c.overflowed {
-                self.counters.cq_overflows += 1;
+                self.counters.cq_overflow += 1;
             } else if c.q.len() >= c.depth {
                 c.overflowed = true;
-                self.counters.cq_overflows += 1;
+                self.counters.cq_overflow += 1;
                 self.failed_cqs.push(cq);
                 self.raise(AsyncEvent::CqErr(cq));
             } else {
@@ -91,6 +92,28 @@ impl Dev {
                     }
                 }
             }
+        }
+    }
+
+    /// The completion counters, by side and status (mlx5's `req_cqe_error`,
+    /// `resp_cqe_error`, their flush counterparts and `resp_local_length_error`; rxe's
+    /// `rdma_recvs`), counted as the completion is made, whether its CQ has room or not.
+    #[inline]
+    fn count_wc(&mut self, wc: &Wc) {
+        let c = &mut self.counters;
+        let recv = matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm);
+        match (recv, wc.status) {
+            (true, WcStatus::Success) => c.rdma_recvs += 1,
+            (false, WcStatus::Success) => {}
+            (true, WcStatus::WrFlushErr) => c.resp_cqe_flush_error += 1,
+            (false, WcStatus::WrFlushErr) => c.req_cqe_flush_error += 1,
+            (true, s) => {
+                c.resp_cqe_error += 1;
+                if s == WcStatus::LocLenErr {
+                    c.resp_local_length_error += 1;
+                }
+            }
+            (false, _) => c.req_cqe_error += 1,
         }
     }
 

@@ -49,40 +49,187 @@ impl RnicConfig {
     }
 }
 
-/// Event counters, in the spirit of rdma's `hw_counters`.
+/// The device's event counters, named as rdma_rxe's `hw_counters`
+/// (`drivers/infiniband/sw/rxe/rxe_hw_counters.c`) and mlx5's (NVIDIA's "Understanding mlx5
+/// Linux counters" table) where one of them counts the same event, and RoCEmu's own otherwise.
+/// Each field's doc says whose name it is and what moves it; [`Counters::named`] lists them
+/// all. Where rxe and mlx5 count nearly the same event with different rules, both are kept
+/// with each one's rule (`rcvd_rnr_err` and `rnr_nak_retry_err`, `out_of_seq_request` and
+/// `out_of_sequence`); where two names mean exactly the same thing, one field carries both
+/// names in [`Counters::named`] (`send_rnr_err` = `rnr_nak_sent`, `rx_drop_bad_icrc` =
+/// `rx_icrc_encapsulated`).
+///
+/// Invariant: every frame handed to the RNIC either reaches a QP's completer or responder
+/// (`rcvd_pkts`) or is counted under exactly one `rx_drop_*` reason (or `rp_cnp_ignored`);
+/// packets a QP then drops are counted once more under the reason it dropped them for.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Counters {
-    pub tx_packets: u64,
-    pub tx_bytes: u64,
-    pub rx_packets: u64,
-    pub rx_bytes: u64,
-    /// Request packets sent again (go-back-N, timeouts, RNR).
-    pub retransmits: u64,
-    pub local_ack_timeouts: u64,
-    pub naks_sent: u64,
-    pub naks_received: u64,
-    pub rnr_naks_sent: u64,
-    pub rnr_naks_received: u64,
-    pub seq_errors: u64,
-    pub duplicate_requests: u64,
-    pub rx_icrc_errors: u64,
-    pub rx_malformed: u64,
-    pub rx_not_ours: u64,
-    pub rx_no_qp: u64,
-    pub rx_dropped: u64,
-    pub cnp_received: u64,
-    /// Completions lost to a full CQ, or to a CQ in error since.
-    pub cq_overflows: u64,
-    /// Asynchronous events dropped because nobody polled them
+    // ---- traffic ---------------------------------------------------------------------
+    /// rxe: packets the RNIC sent (requests, retransmissions and responses).
+    pub sent_pkts: u64,
+    /// RoCEmu: the bytes of those packets, Ethernet header to ICRC.
+    pub sent_bytes: u64,
+    /// rxe: packets that passed every receive check (address, ICRC, headers, P_Key, QP,
+    /// transport, state, source address, Q_Key) and went to a QP's completer or responder.
+    pub rcvd_pkts: u64,
+    /// RoCEmu: the bytes of those packets, Ethernet header to ICRC.
+    pub rcvd_bytes: u64,
+    /// rxe: SEND work requests (with immediate, with invalidate) completed, signaled or not,
+    /// in error or not; flushed ones not counted.
+    pub rdma_sends: u64,
+    /// rxe: receive work requests completed successfully (a SEND or a WRITE with immediate
+    /// delivered).
+    pub rdma_recvs: u64,
+    /// mlx5: new RDMA WRITE requests received (the first packet of each, duplicates not
+    /// counted).
+    pub rx_write_requests: u64,
+    /// mlx5: new RDMA READ requests received (duplicates not counted).
+    pub rx_read_requests: u64,
+    /// mlx5: new atomic requests received (duplicates not counted).
+    pub rx_atomic_requests: u64,
+
+    // ---- requester -------------------------------------------------------------------
+    /// RoCEmu: request packets sent again (go-back-N after a NAK, an implied NAK, a timeout
+    /// or an RNR wait).
+    pub retransmitted_pkts: u64,
+    /// rxe: retries the completer started (a local ACK timeout, a sequence-error NAK or an
+    /// implied NAK with retries left; RNR waits are not counted).
+    pub completer_retry_err: u64,
+    /// mlx5: local ACK timeouts that started a retry (the one that exhausts `retry_cnt` is
+    /// `retry_exceeded_err` instead).
+    pub local_ack_timeout_err: u64,
+    /// mlx5: PSN sequence error NAKs received that started a retry.
+    pub packet_seq_err: u64,
+    /// mlx5: implied NAKs (a response or acknowledgement beyond a READ or atomic whose
+    /// response is missing) that started a retry.
+    pub implied_nak_seq_err: u64,
+    /// mlx5: RNR NAKs received that started an RNR wait (`rnr_retry` not exhausted).
+    pub rnr_nak_retry_err: u64,
+    /// rxe: work requests failed with RETRY_EXC_ERR (`retry_cnt` exhausted).
+    pub retry_exceeded_err: u64,
+    /// rxe: work requests failed with RNR_RETRY_EXC_ERR (`rnr_retry` exhausted).
+    pub retry_rnr_exceeded_err: u64,
+    /// rxe: PSN sequence error NAKs received whose PSN is after the oldest PSN not yet
+    /// acknowledged (rxe's `check_ack` counts only those: a NAK for exactly that PSN is not).
+    pub rcvd_seq_err: u64,
+    /// rxe: RNR NAKs received, every one.
+    pub rcvd_rnr_err: u64,
+    /// RoCEmu: PSN sequence error NAKs received, every one.
+    pub nak_rcvd_seq_err: u64,
+    /// RoCEmu: invalid request NAKs received (and the reserved and invalid-RD codes, which
+    /// complete as REM_INV_REQ_ERR too).
+    pub nak_rcvd_inv_req: u64,
+    /// RoCEmu: remote access error NAKs received.
+    pub nak_rcvd_rem_access: u64,
+    /// RoCEmu: remote operational error NAKs received.
+    pub nak_rcvd_rem_op: u64,
+    /// mlx5: work requests failed with REM_INV_REQ_ERR by a NAK.
+    pub req_remote_invalid_request: u64,
+    /// mlx5: work requests failed with REM_ACCESS_ERR by a NAK.
+    pub req_remote_access_errors: u64,
+    /// mlx5: send completions in error, flushes not counted.
+    pub req_cqe_error: u64,
+    /// mlx5: send completions flushed (WR_FLUSH_ERR).
+    pub req_cqe_flush_error: u64,
+
+    // ---- responder -------------------------------------------------------------------
+    /// rxe and mlx5 (the same name): RC requests received with a PSN before the expected
+    /// one (answered again, never executed twice).
+    pub duplicate_request: u64,
+    /// mlx5: request packets received with a PSN after the expected one (RC and UC), each
+    /// one: the first of a sequence error and the ones dropped silently after it.
+    pub out_of_sequence: u64,
+    /// rxe: RC sequence errors, once each (the packet that makes the responder NAK; the
+    /// ones after it until the expected PSN arrives are `out_of_sequence` only).
+    pub out_of_seq_request: u64,
+    /// mlx5: request packets that found no receive WQE (RC: RNR NAKed; UC, UD: dropped).
+    pub out_of_buffer: u64,
+    /// rxe `send_rnr_err`, RoCEmu `rnr_nak_sent` (one field, both names): RNR NAKs sent.
+    pub send_rnr_err: u64,
+    /// RoCEmu: PSN sequence error NAKs sent (counted as they leave: one replaced in the
+    /// queue by a newer response is not).
+    pub nak_sent_seq_err: u64,
+    /// RoCEmu: invalid request NAKs sent.
+    pub nak_sent_inv_req: u64,
+    /// RoCEmu: remote access error NAKs sent.
+    pub nak_sent_rem_access: u64,
+    /// RoCEmu: remote operational error NAKs sent.
+    pub nak_sent_rem_op: u64,
+    /// mlx5: requests the responder found a remote access error in (R_Key, protection
+    /// domain, permission, bounds): RC NAKs them, UC drops them.
+    pub resp_remote_access_errors: u64,
+    /// mlx5: receive completions with LOC_LEN_ERR (a message longer than its receive).
+    pub resp_local_length_error: u64,
+    /// mlx5: receive completions in error, flushes not counted.
+    pub resp_cqe_error: u64,
+    /// mlx5: receive completions flushed (WR_FLUSH_ERR).
+    pub resp_cqe_flush_error: u64,
+    /// RoCEmu: responses (ACK, NAK, read response, atomic ACK) merged into one already
+    /// queued: an ACK or NAK acknowledges every PSN before its own, and a duplicate's answer
+    /// that is queued already needs no second copy.
+    pub resp_coalesced: u64,
+    /// RoCEmu: responses not queued because the QP's response slots were all taken (a peer
+    /// that ignores its max_rd_atomic, or floods faster than the port drains).
+    pub resp_dropped: u64,
+
+    // ---- congestion ------------------------------------------------------------------
+    /// mlx5: RoCE packets received with ECN Congestion Experienced (both ECN bits set).
+    pub np_ecn_marked_roce_packets: u64,
+    /// mlx5: CNPs received and ignored (RoCEmu does not react to CNPs yet).
+    pub rp_cnp_ignored: u64,
+
+    // ---- receive drops, one counter per reason ----------------------------------------
+    /// RoCEmu: frames that do not parse as RoCEv2 (truncated, bad lengths, not UDP 4791,
+    /// an opcode without the headers it needs).
+    pub rx_drop_malformed: u64,
+    /// RoCEmu: frames for another Ethernet address (neither ours nor multicast).
+    pub rx_drop_wrong_dst_mac: u64,
+    /// RoCEmu: packets for an IP address that is none of the device's GIDs.
+    pub rx_drop_wrong_dst_ip: u64,
+    /// RoCEmu (mlx5 `rx_icrc_encapsulated`, one field, both names): packets with a bad
+    /// ICRC (IBTA A17.3.3: dropped silently).
+    pub rx_drop_bad_icrc: u64,
+    /// RoCEmu: IPv4 packets with a bad header checksum.
+    pub rx_drop_bad_ip_checksum: u64,
+    /// RoCEmu: packets with a BTH transport version other than 0 (IBTA 9.6.1.1).
+    pub rx_drop_bad_tver: u64,
+    /// RoCEmu: packets whose P_Key does not match the partition (IBTA 9.6.1.1).
+    pub rx_drop_bad_pkey: u64,
+    /// RoCEmu: packets for a QP number with no live QP.
+    pub rx_drop_no_qp: u64,
+    /// RoCEmu: packets whose opcode is for another transport than the QP's (an RC opcode
+    /// to a UD QP, …).
+    pub rx_drop_wrong_transport: u64,
+    /// RoCEmu: packets for a QP in a state that takes none (a request before RTR, a
+    /// response before RTS, anything in ERR).
+    pub rx_drop_qp_state: u64,
+    /// RoCEmu: packets to a connected QP from an address that is not its peer's (the
+    /// address vector names another GID: the wrong GID index at either end).
+    pub rx_drop_wrong_src: u64,
+    /// RoCEmu: datagrams with the wrong Q_Key (IBTA 10.2.4, C10-15).
+    pub rx_drop_bad_qkey: u64,
+    /// RoCEmu: UC packets out of opcode sequence (a MIDDLE or LAST with no message in
+    /// progress, a FIRST or ONLY in the middle of one); RC NAKs them instead.
+    pub rx_drop_opcode_seq: u64,
+    /// RoCEmu: UC packets whose payload length does not fit their position (IBTA C9-94) or
+    /// the RDMA WRITE's length; RC NAKs them instead.
+    pub rx_drop_bad_length: u64,
+    /// RoCEmu: UC packets of a message already lost (to a PSN gap or an error in an
+    /// earlier packet of the message).
+    pub rx_drop_rest_of_msg: u64,
+    /// RoCEmu: responses whose AETH carries a reserved syndrome.
+    pub rx_drop_bad_aeth: u64,
+    /// RoCEmu: read responses or atomic ACKs with no READ or atomic waiting for one.
+    pub rx_drop_unexpected_resp: u64,
+    /// RoCEmu: read responses or atomic ACKs for a PSN answered already (a duplicate).
+    pub rx_drop_duplicate_resp: u64,
+
+    // ---- device ----------------------------------------------------------------------
+    /// RoCEmu: completions lost to a full CQ, or to a CQ in error since.
+    pub cq_overflow: u64,
+    /// RoCEmu: asynchronous events dropped because nobody polled them
     /// ([`ASYNC_EVENTS_MAX`](super::ASYNC_EVENTS_MAX) queued).
     pub async_events_dropped: u64,
-    /// Responses (ACK, NAK, read response, atomic ACK) merged into one already queued: an
-    /// ACK or NAK acknowledges every PSN before its own, and a duplicate's answer that is
-    /// queued already needs no second copy.
-    pub resp_coalesced: u64,
-    /// Responses not queued because the QP's response slots were all taken (a peer that
-    /// ignores its max_rd_atomic, or floods faster than the port drains).
-    pub resp_dropped: u64,
 }
 
 /// Everything but the QPs, so that a QP and the device can be borrowed at once.

@@ -209,7 +209,9 @@ fn enter_state(dev: &mut Dev, qp: &mut Qp, new: QpState) {
                     sq_sig_all: qp.sq_sig_all,
                 },
             );
+            let counters = qp.counters;
             *qp = fresh;
+            qp.counters = counters;
         }
         QpState::Err => flush(dev, qp),
         s => qp.state = s,
@@ -225,14 +227,17 @@ pub(crate) fn flush(dev: &mut Dev, qp: &mut Qp) {
     while let Some(w) = qp.sq.pop_front() {
         let status = w.error.unwrap_or(WcStatus::WrFlushErr);
         let wc = requester::wc_for(qp, &w, status);
+        qp.note_wc(&wc);
         dev.push_wc(qp.send_cq, wc);
     }
     if let qp::RespMsg::Send { wqe, .. } = std::mem::replace(&mut qp.resp_msg, qp::RespMsg::Idle) {
         let wc = responder::recv_wc(qp, &wqe, WcStatus::WrFlushErr, 0);
+        qp.note_wc(&wc);
         dev.push_wc(qp.recv_cq, wc);
     }
     while let Some(r) = qp.rq.pop_front() {
         let wc = responder::recv_wc(qp, &r, WcStatus::WrFlushErr, 0);
+        qp.note_wc(&wc);
         dev.push_wc(qp.recv_cq, wc);
     }
     qp.sq_next = 0;

@@ -90,6 +90,7 @@ impl Rnic {
         if qp.state == QpState::Err {
             wqe.error = Some(WcStatus::WrFlushErr);
             let wc = requester::wc_for(qp, &wqe, WcStatus::WrFlushErr);
+            qp.note_wc(&wc);
             self.dev.push_wc(qp.send_cq, wc);
             self.settle_cq_errors();
             return Ok(());
@@ -133,6 +134,7 @@ impl Rnic {
         };
         if qp.state == QpState::Err {
             let wc = responder::recv_wc(qp, &wqe, WcStatus::WrFlushErr, 0);
+            qp.note_wc(&wc);
             self.dev.push_wc(qp.recv_cq, wc);
             self.settle_cq_errors();
             return Ok(());

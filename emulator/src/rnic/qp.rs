@@ -1,5 +1,6 @@
 //! A queue pair's state: attributes, the send queue with the requester's and completer's
 //! cursors, the receive queue and the responder's state.
+use super::stats::QpCounters;
 use super::verbs::*;
 use crate::time::Nanos;
 use rocemu_wire::{HeaderTemplate, Msn, Psn, Qpn};
@@ -331,6 +332,13 @@ pub(crate) struct Qp {
 
     /// On the device's transmit schedule.
     pub scheduled: bool,
+
+    // statistics
+    /// This QP's share of the device counters, counted with them (monotonic: a move to RESET
+    /// keeps them).
+    pub counters: QpCounters,
+    /// The status of the last completion in error (see [`Qp::note_wc`]).
+    pub last_error: Option<WcStatus>,
 }
 
 impl Qp {
@@ -372,6 +380,20 @@ impl Qp {
             resources: VecDeque::new(),
             resp_out: VecDeque::new(),
             scheduled: false,
+            counters: QpCounters::default(),
+            last_error: None,
+        }
+    }
+
+    /// Notes a completion of this QP as it is made: one in error becomes `last_error`,
+    /// unless it is a flush and an error came before it (the flushes that follow an error
+    /// would hide it).
+    #[inline]
+    pub fn note_wc(&mut self, wc: &Wc) {
+        match wc.status {
+            WcStatus::Success => {}
+            WcStatus::WrFlushErr if self.last_error.is_some() => {}
+            s => self.last_error = Some(s),
         }
     }
 

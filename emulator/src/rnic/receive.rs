@@ -2,9 +2,9 @@
 //! checksum, transport version, P_Key), matched to its QP, and handed to the completer (a
 //! response) or the responder (a request).
 //!
-//! Invariants: every frame is counted once in `rx_packets`, and one dropped is counted under the
-//! reason it was dropped for; a connected QP takes packets from its peer only, in RTR or later; no
-//! frame, whatever it holds, panics.
+//! Invariants: every frame is counted once: in `rcvd_pkts` as it goes to its QP, or under the one
+//! `rx_drop_*` reason it was dropped for (or `rp_cnp_ignored`); a connected QP takes packets from
+//! its peer only, in RTR or later; no frame, whatever it holds, panics.
 use super::verbs::*;
 use super::{completer, responder, Rnic};
 use crate::time::Nanos;
@@ -29,80 +29,113 @@ impl Rnic {
             self.receive(now, frame, false);
             return;
         }
-        let c = &mut self.dev.counters;
-        c.rx_packets += 1;
-        c.rx_bytes += frame.len() as u64;
+        let len = frame.len();
         match rocemu_wire::parse_frame_in_place(frame) {
-            Err(_) => c.rx_malformed += 1,
+            Err(_) => self.dev.counters.rx_drop_malformed += 1,
             // IBTA A17.3.3 / 9.6.1: ICRC errors are dropped silently.
-            Ok((_, false)) => c.rx_icrc_errors += 1,
-            Ok((pkt, true)) => self.receive_parsed(now, &pkt, false),
+            Ok((_, false)) => self.dev.counters.rx_drop_bad_icrc += 1,
+            Ok((pkt, true)) => self.receive_parsed(now, &pkt, len, false),
         }
     }
 
     fn receive(&mut self, now: Nanos, frame: &[u8], check_icrc: bool) {
-        let c = &mut self.dev.counters;
-        c.rx_packets += 1;
-        c.rx_bytes += frame.len() as u64;
         let Ok(pkt) = parse_frame(frame) else {
-            c.rx_malformed += 1;
+            self.dev.counters.rx_drop_malformed += 1;
             return;
         };
-        self.receive_parsed(now, &pkt, check_icrc);
+        self.receive_parsed(now, &pkt, frame.len(), check_icrc);
     }
 
-    /// A parsed frame, counted already.
-    fn receive_parsed(&mut self, now: Nanos, pkt: &Packet<'_>, check_icrc: bool) {
+    /// A parsed frame of `len` bytes: checked in the order rxe's `rxe_rcv` and `hdr_check`
+    /// check (address, ICRC, headers, QP, state, source, keys), counted under the first check
+    /// it fails, or in `rcvd_pkts` as it goes to its QP.
+    fn receive_parsed(&mut self, now: Nanos, pkt: &Packet<'_>, len: usize, check_icrc: bool) {
         let c = &mut self.dev.counters;
         if pkt.eth.dst != self.dev.cfg.mac && !pkt.eth.dst.is_multicast() {
-            c.rx_not_ours += 1;
+            c.rx_drop_wrong_dst_mac += 1;
             return;
         }
         if !self.dev.cfg.ips.contains(&pkt.ip.dst()) {
-            c.rx_not_ours += 1;
+            c.rx_drop_wrong_dst_ip += 1;
             return;
         }
         if check_icrc && !pkt.icrc_ok() {
             // IBTA A17.3.3 / 9.6.1: ICRC errors are dropped silently.
-            c.rx_icrc_errors += 1;
+            c.rx_drop_bad_icrc += 1;
             return;
         }
         if !pkt.ip_checksum_ok() {
-            c.rx_malformed += 1;
+            c.rx_drop_bad_ip_checksum += 1;
             return;
         }
+        // ECN CE (RFC 3168: both bits), counted as the notification point sees it.
+        if pkt.ip.ecn() == 3 {
+            c.np_ecn_marked_roce_packets += 1;
+        }
         // IBTA 9.6.1.1: transport version must be 0; the P_Key must match the QP's partition.
-        if pkt.bth.tver != 0 || !pkt.bth.pkey.matches(PKey::DEFAULT) {
-            c.rx_dropped += 1;
+        if pkt.bth.tver != 0 {
+            c.rx_drop_bad_tver += 1;
+            return;
+        }
+        if !pkt.bth.pkey.matches(PKey::DEFAULT) {
+            c.rx_drop_bad_pkey += 1;
             return;
         }
         if pkt.bth.opcode.transport() == Transport::Cnp {
-            c.cnp_received += 1;
+            c.rp_cnp_ignored += 1;
             return;
         }
-        let Some(slot) = self.slot_of(pkt.bth.dqpn) else {
-            self.dev.counters.rx_no_qp += 1;
-            return;
-        };
-        let Some(qp) = self.qps[slot].as_mut() else {
+        let slot = self.slot_of(pkt.bth.dqpn);
+        let c = &mut self.dev.counters;
+        let Some((slot, qp)) = slot.and_then(|s| Some((s, self.qps[s].as_mut()?))) else {
+            c.rx_drop_no_qp += 1;
             return;
         };
         if !transport_matches(qp.qp_type, pkt.bth.opcode.transport()) {
-            self.dev.counters.rx_dropped += 1;
-            return;
-        }
-        // Connected QPs accept packets from their peer only (rxe's check_addr).
-        if qp.qp_type != QpType::Ud
-            && (!matches!(
-                qp.state,
-                QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
-            ) || pkt.ip.src() != qp.peer_ip)
-        {
-            self.dev.counters.rx_dropped += 1;
+            c.rx_drop_wrong_transport += 1;
             return;
         }
         let info = pkt.bth.opcode.info();
-        if info.is_response() {
+        let is_response = info.is_response();
+        // A requester takes responses in RTS (and SQD, still completing); a responder takes
+        // requests from RTR on (IBTA 10.3.1); in ERR, nothing.
+        let state_ok = if is_response {
+            matches!(qp.state, QpState::Rts | QpState::Sqd)
+        } else {
+            matches!(
+                qp.state,
+                QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
+            )
+        };
+        if !state_ok {
+            c.rx_drop_qp_state += 1;
+            return;
+        }
+        // Connected QPs accept packets from their peer only (rxe's check_addr).
+        if qp.qp_type != QpType::Ud && pkt.ip.src() != qp.peer_ip {
+            c.rx_drop_wrong_src += 1;
+            return;
+        }
+        if qp.qp_type == QpType::Ud {
+            // IBTA 10.2.4 (C10-15): the Q_Key must match; otherwise the datagram is dropped
+            // silently (rxe's check_keys, before it counts the packet).
+            match pkt.ext.deth {
+                None => {
+                    c.rx_drop_malformed += 1;
+                    return;
+                }
+                Some(d) if d.qkey != qp.attr.qkey => {
+                    c.rx_drop_bad_qkey += 1;
+                    return;
+                }
+                Some(_) => {}
+            }
+        }
+        c.rcvd_pkts += 1;
+        c.rcvd_bytes += len as u64;
+        qp.counters.rcvd_pkts += 1;
+        qp.counters.rcvd_bytes += len as u64;
+        if is_response {
             completer::handle(&mut self.dev, qp, now, pkt);
         } else {
             responder::handle(&mut self.dev, qp, now, pkt);

@@ -43,6 +43,9 @@ pub(crate) fn complete_front(dev: &mut Dev, qp: &mut Qp) {
         w.rd_counted,
         w.signaled.then(|| wc_for(qp, w, WcStatus::Success)),
     );
+    if w.wr.opcode.is_send() {
+        dev.counters.rdma_sends += 1;
+    }
     // Dropped where it lies: popping would copy the whole WQE out first.
     qp.sq.drop_front();
     if rd_counted {
@@ -72,6 +75,17 @@ pub(crate) fn fail_wqe_local(dev: &mut Dev, qp: &mut Qp, i: usize, status: WcSta
 fn fail(dev: &mut Dev, qp: &mut Qp, i: usize, status: WcStatus, earlier_done: bool) {
     if let Some(w) = qp.sq.get_mut(i) {
         w.error = Some(status);
+        if w.wr.opcode.is_send() {
+            dev.counters.rdma_sends += 1;
+        }
+    }
+    let c = &mut dev.counters;
+    match status {
+        WcStatus::RetryExcErr => c.retry_exceeded_err += 1,
+        WcStatus::RnrRetryExcErr => c.retry_rnr_exceeded_err += 1,
+        WcStatus::RemInvReqErr => c.req_remote_invalid_request += 1,
+        WcStatus::RemAccessErr => c.req_remote_access_errors += 1,
+        _ => {}
     }
     for _ in 0..if earlier_done { i } else { 0 } {
         // A read or atomic without its response is not done: it is flushed, not a success.
@@ -88,6 +102,7 @@ fn fail(dev: &mut Dev, qp: &mut Qp, i: usize, status: WcStatus, earlier_done: bo
         while let Some(w) = qp.sq.pop_front() {
             let st = w.error.unwrap_or(WcStatus::WrFlushErr);
             let wc = wc_for(qp, &w, st);
+            qp.note_wc(&wc);
             dev.push_wc(qp.send_cq, wc);
         }
         qp.sq_next = 0;
@@ -399,7 +414,8 @@ fn advance(dev: &mut Dev, qp: &mut Qp, idx: usize, now: Nanos, k: u32, is_read: 
     let psn = qp.req_psn;
     let n = qp.sq[idx].npkts;
     if qp.req_psn.is_before(qp.psn_high()) {
-        dev.counters.retransmits += 1;
+        dev.counters.retransmitted_pkts += 1;
+        qp.counters.retransmitted_pkts += 1;
     }
     if is_read {
         qp.sq[idx].read_base = k;

@@ -49,6 +49,8 @@ impl Rnic {
             }
             match n {
                 Some(n) => {
+                    qp.counters.sent_pkts += 1;
+                    qp.counters.sent_bytes += n as u64;
                     // A QP sends a burst before the next one's turn (its state is hot in the
                     // cache now); then it goes to the end of the round-robin schedule.
                     let more = !qp.resp_out.is_empty() || qp.has_request_work();
@@ -61,8 +63,8 @@ impl Rnic {
                         self.burst_left = TX_BURST;
                         self.refresh(slot);
                     }
-                    self.dev.counters.tx_packets += 1;
-                    self.dev.counters.tx_bytes += n as u64;
+                    self.dev.counters.sent_pkts += 1;
+                    self.dev.counters.sent_bytes += n as u64;
                     return Some(n);
                 }
                 // Blocked (window, max_rd_atomic, fence) or done: off the schedule until an

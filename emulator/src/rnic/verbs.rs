@@ -437,6 +437,13 @@ pub enum WrOpcode {
 }
 
 impl WrOpcode {
+    /// A SEND (with immediate, with invalidate): what rxe's `rdma_sends` counts.
+    pub fn is_send(&self) -> bool {
+        matches!(
+            self,
+            WrOpcode::Send | WrOpcode::SendWithImm { .. } | WrOpcode::SendWithInv { .. }
+        )
+    }
     pub fn is_read_or_atomic(&self) -> bool {
         matches!(
             self,

@@ -102,11 +102,11 @@ impl Transport {
     /// What `c1` counted since `c0`, on one RNIC.
     pub fn since(c0: &Counters, c1: &Counters) -> Transport {
         Transport {
-            packets: (c1.tx_packets - c0.tx_packets) + (c1.rx_packets - c0.rx_packets),
-            retransmits: c1.retransmits - c0.retransmits,
-            naks: c1.naks_received - c0.naks_received,
-            rnr_naks: c1.rnr_naks_received - c0.rnr_naks_received,
-            timeouts: c1.local_ack_timeouts - c0.local_ack_timeouts,
+            packets: (c1.sent_pkts - c0.sent_pkts) + (c1.rcvd_pkts - c0.rcvd_pkts),
+            retransmits: c1.retransmitted_pkts - c0.retransmitted_pkts,
+            naks: c1.nak_rcvd() - c0.nak_rcvd(),
+            rnr_naks: c1.rcvd_rnr_err - c0.rcvd_rnr_err,
+            timeouts: c1.local_ack_timeout_err - c0.local_ack_timeout_err,
         }
     }
 
@@ -114,10 +114,10 @@ impl Transport {
     pub fn both(packets: u64, a: &Counters, b: &Counters) -> Transport {
         Transport {
             packets,
-            retransmits: a.retransmits + b.retransmits,
-            naks: a.naks_received + b.naks_received,
-            rnr_naks: a.rnr_naks_received + b.rnr_naks_received,
-            timeouts: a.local_ack_timeouts + b.local_ack_timeouts,
+            retransmits: a.retransmitted_pkts + b.retransmitted_pkts,
+            naks: a.nak_rcvd() + b.nak_rcvd(),
+            rnr_naks: a.rcvd_rnr_err + b.rcvd_rnr_err,
+            timeouts: a.local_ack_timeout_err + b.local_ack_timeout_err,
         }
     }
 }

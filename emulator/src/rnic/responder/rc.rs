@@ -16,19 +16,18 @@ use crate::rnic::{Dev, Packet};
 use rocemu_wire::opcode::Operation;
 use rocemu_wire::{NakCode, Opcode, Psn, Syndrome};
 
+/// One RC request packet; the QP's state was checked on receipt (an RC QP never enters SQE).
 pub(super) fn rc_receive(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
-    if !matches!(qp.state, QpState::Rtr | QpState::Rts | QpState::Sqd) {
-        dev.counters.rx_dropped += 1;
-        return;
-    }
     let psn = pkt.bth.psn;
     let d = psn.diff(qp.epsn);
     if d > 0 {
         // A gap: NAK once per sequence error (IBTA 9.7.5.1.2, C9-112), then drop silently
         // until the expected PSN shows up.
-        dev.counters.seq_errors += 1;
+        dev.counters.out_of_sequence += 1;
+        qp.counters.out_of_sequence += 1;
         if !qp.nak_sent {
             qp.nak_sent = true;
+            dev.counters.out_of_seq_request += 1;
             push_nak(dev, qp, qp.epsn, Syndrome::nak(NakCode::PsnSequenceError));
         }
         return;
@@ -110,6 +109,7 @@ fn take_recv(dev: &mut Dev, qp: &mut Qp, psn: Psn) -> Option<RecvWqe> {
             // requester comes back to this PSN.
             // Every attempt at the expected PSN gets its RNR NAK (rxe: RESPST_ERR_RNR, class
             // B); nak_sent only silences the out-of-sequence packets behind it.
+            dev.counters.out_of_buffer += 1;
             qp.nak_sent = true;
             push_nak(dev, qp, psn, Syndrome::rnr_nak(qp.attr.min_rnr_timer));
             None
@@ -198,6 +198,9 @@ fn rc_write(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) -> bool {
         fatal(dev, qp, psn, NakCode::InvalidRequest, None);
         return false;
     };
+    if info.position.is_first() {
+        dev.counters.rx_write_requests += 1;
+    }
     if !write_fits(info, plen, remaining) {
         fatal(dev, qp, psn, NakCode::InvalidRequest, None);
         return false;
@@ -231,6 +234,7 @@ fn rc_write(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) -> bool {
                 if let Some(w) = recv {
                     dev.unget_recv(qp, w);
                 }
+                dev.counters.resp_remote_access_errors += 1;
                 fatal(dev, qp, psn, NakCode::RemoteAccessError, None);
                 return false;
             }
@@ -291,6 +295,7 @@ fn rc_read(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
     let psn = pkt.bth.psn;
     let Some(reth) = pkt.ext.reth else { return };
     let len = reth.dma_len as u64;
+    dev.counters.rx_read_requests += 1;
     if !responder_resource(dev, qp, psn) {
         return;
     }
@@ -300,6 +305,7 @@ fn rc_read(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
             .check_remote(qp.pd, reth.rkey.0, reth.va, len, Access::REMOTE_READ)
             .is_err()
     {
+        dev.counters.resp_remote_access_errors += 1;
         fatal(dev, qp, psn, NakCode::RemoteAccessError, None);
         return;
     }
@@ -323,6 +329,7 @@ fn rc_read(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
 fn rc_atomic(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
     let psn = pkt.bth.psn;
     let Some(a) = pkt.ext.atomic else { return };
+    dev.counters.rx_atomic_requests += 1;
     if !responder_resource(dev, qp, psn) {
         return;
     }
@@ -336,6 +343,7 @@ fn rc_atomic(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
         .mem
         .check_remote(qp.pd, a.rkey.0, a.va, 8, Access::REMOTE_ATOMIC)
     else {
+        dev.counters.resp_remote_access_errors += 1;
         fatal(dev, qp, psn, NakCode::RemoteAccessError, None);
         return;
     };
@@ -368,7 +376,8 @@ fn rc_atomic(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
 
 /// A request whose PSN is before the expected one (IBTA 9.7.5.1.2, C9-104 … C9-111).
 fn duplicate(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
-    dev.counters.duplicate_requests += 1;
+    dev.counters.duplicate_request += 1;
+    qp.counters.duplicate_request += 1;
     let psn = pkt.bth.psn;
     // Too old to be a retransmission: drop (IBTA: duplicates lie within the 2^23 window).
     let info = pkt.bth.opcode.info();
@@ -397,6 +406,7 @@ fn duplicate(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
                     .check_remote(qp.pd, reth.rkey.0, reth.va, len, Access::REMOTE_READ)
                     .is_err()
             {
+                dev.counters.resp_remote_access_errors += 1;
                 fatal(dev, qp, psn, NakCode::RemoteAccessError, None);
                 return;
             }

@@ -106,6 +106,7 @@ pub(super) fn fatal(
     push_fatal_nak(dev, qp, psn, Syndrome::nak(code));
     if let RespMsg::Send { wqe, .. } = std::mem::replace(&mut qp.resp_msg, RespMsg::Idle) {
         let wc = recv_wc(qp, &wqe, recv_status.unwrap_or(WcStatus::RemInvReqErr), 0);
+        qp.note_wc(&wc);
         dev.push_wc(qp.recv_cq, wc);
     }
     // Responses owed for requests accepted before this one still go out, ahead of the NAK
@@ -113,6 +114,27 @@ pub(super) fn fatal(
     let owed = std::mem::take(&mut qp.resources);
     flush(dev, qp);
     qp.resources = owed;
+}
+
+/// Counts an ACK packet leaving with syndrome `syn`, by the NAK code it carries.
+fn count_sent(dev: &mut Dev, qp: &mut Qp, syn: Syndrome) {
+    use rocemu_wire::SyndromeKind;
+    let c = &mut dev.counters;
+    match syn.kind() {
+        SyndromeKind::Ack { .. } | SyndromeKind::Reserved(_) => return,
+        SyndromeKind::RnrNak { .. } => {
+            c.send_rnr_err += 1;
+            qp.counters.rnr_nak_sent += 1;
+            return;
+        }
+        SyndromeKind::Nak(NakCode::PsnSequenceError) => c.nak_sent_seq_err += 1,
+        SyndromeKind::Nak(NakCode::RemoteAccessError) => c.nak_sent_rem_access += 1,
+        SyndromeKind::Nak(NakCode::RemoteOperationalError) => c.nak_sent_rem_op += 1,
+        // The responder sends no other code: the invalid-RD and reserved ones are counted
+        // with the invalid request they stand nearest to.
+        SyndromeKind::Nak(_) => c.nak_sent_inv_req += 1,
+    }
+    qp.counters.nak_sent += 1;
 }
 
 /// Builds the next response packet (ACK, NAK, read response, atomic ACK) into `buf`.
@@ -123,11 +145,7 @@ pub(crate) fn produce(dev: &mut Dev, qp: &mut Qp, _now: Nanos, buf: &mut [u8]) -
         RespOut::Ack { psn, syndrome, msn } => {
             qp.resp_out.pop_front();
             // Counted as they leave: a NAK replaced by a newer one in the queue is not sent.
-            match Syndrome(syndrome).kind() {
-                rocemu_wire::SyndromeKind::RnrNak { .. } => dev.counters.rnr_naks_sent += 1,
-                rocemu_wire::SyndromeKind::Nak(_) => dev.counters.naks_sent += 1,
-                _ => {}
-            }
+            count_sent(dev, qp, Syndrome(syndrome));
             let bth = BthRepr::new(Opcode::RC_ACKNOWLEDGE, dqpn, psn);
             let ext = ExtHeaders {
                 aeth: Some(AethRepr {
@@ -193,6 +211,7 @@ pub(crate) fn produce(dev: &mut Dev, qp: &mut Qp, _now: Nanos, buf: &mut [u8]) -
                     Err(()) => {
                         // The NAK takes the response's place in the queue: behind ACKs queued
                         // for later requests it would come after they acknowledged the READ.
+                        dev.counters.resp_remote_access_errors += 1;
                         qp.resources.remove(i);
                         // Its MSN counts the messages before the READ, which did not complete.
                         let before = rocemu_wire::Msn::new(msn.value().wrapping_sub(1) & 0xff_ffff);

@@ -12,19 +12,14 @@ use crate::rnic::verbs::*;
 use crate::rnic::{Dev, Packet};
 use rocemu_wire::opcode::Operation;
 
+/// One UC request packet; the QP's state was checked on receipt.
 pub(super) fn uc_receive(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
-    if !matches!(
-        qp.state,
-        QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
-    ) {
-        dev.counters.rx_dropped += 1;
-        return;
-    }
     let psn = pkt.bth.psn;
     let info = pkt.bth.opcode.info();
     if psn != qp.epsn {
         // IBTA 9.8.3.1: a PSN gap loses the message in progress; the receive WQE is reused.
-        dev.counters.seq_errors += 1;
+        dev.counters.out_of_sequence += 1;
+        qp.counters.out_of_sequence += 1;
         abandon_uc(dev, qp);
         qp.resp_msg = RespMsg::Drop;
     }
@@ -33,6 +28,7 @@ pub(super) fn uc_receive(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
         if info.position.is_first() {
             qp.resp_msg = RespMsg::Idle;
         } else {
+            dev.counters.rx_drop_rest_of_msg += 1;
             return;
         }
     }
@@ -40,6 +36,11 @@ pub(super) fn uc_receive(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
     let mtu = qp.mtu();
     let plen = pkt.payload.len() as u64;
     if !seq_ok || !length_ok(info, plen, mtu) {
+        if seq_ok {
+            dev.counters.rx_drop_bad_length += 1;
+        } else {
+            dev.counters.rx_drop_opcode_seq += 1;
+        }
         abandon_uc(dev, qp);
         qp.resp_msg = if info.position.is_last() {
             RespMsg::Idle
@@ -56,7 +57,7 @@ pub(super) fn uc_receive(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
                     Some(w) => (w, 0),
                     None => {
                         // No receive: the message is dropped silently (UC has no RNR).
-                        dev.counters.rx_dropped += 1;
+                        dev.counters.out_of_buffer += 1;
                         qp.resp_msg = if info.position.is_last() {
                             RespMsg::Idle
                         } else {
@@ -79,6 +80,7 @@ pub(super) fn uc_receive(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
             };
             if let Err(status) = landed {
                 let wc = recv_wc(qp, &wqe, status, 0);
+                qp.note_wc(&wc);
                 dev.push_wc(qp.recv_cq, wc);
                 qp.resp_msg = if info.position.is_last() {
                     RespMsg::Idle
@@ -101,8 +103,14 @@ pub(super) fn uc_receive(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
         }
         Operation::RdmaWrite => {
             let Some((rkey, va, remaining, total)) = write_cursor(&qp.resp_msg, pkt) else {
+                // A MIDDLE or LAST with no write in progress (the sequence check lets none
+                // through; counted should one come).
+                dev.counters.rx_drop_opcode_seq += 1;
                 return;
             };
+            if info.position.is_first() {
+                dev.counters.rx_write_requests += 1;
+            }
             let fits = write_fits(info, plen, remaining);
             let check_len = write_check_len(info, plen, total);
             let target = if check_len > 0 && qp.attr.qp_access_flags.contains(Access::REMOTE_WRITE)
@@ -117,7 +125,11 @@ pub(super) fn uc_receive(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
             };
             let (Some((mr, off)), true) = (target, fits) else {
                 // UC errors drop the message silently (IBTA 9.8.3.2).
-                dev.counters.rx_dropped += 1;
+                if fits {
+                    dev.counters.resp_remote_access_errors += 1;
+                } else {
+                    dev.counters.rx_drop_bad_length += 1;
+                }
                 qp.resp_msg = if info.position.is_last() {
                     RespMsg::Idle
                 } else {
@@ -130,7 +142,7 @@ pub(super) fn uc_receive(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
                 match dev.next_recv(qp) {
                     Some(w) => recv = Some(w),
                     None => {
-                        dev.counters.rx_dropped += 1;
+                        dev.counters.out_of_buffer += 1;
                         qp.resp_msg = RespMsg::Idle;
                         return;
                     }

@@ -1,30 +1,19 @@
 //! The UD responder (IBTA 9.8.2, 10.2.4): one packet, one message, with its 40-byte GRH area
 //! in front of the payload.
 //!
-//! Invariant: a datagram with the wrong Q_Key, in a QP not yet in RTR, or with no receive
-//! posted is dropped silently and counted; one that does not fit its receive completes it with
-//! LOC_LEN_ERR.
+//! Invariant: a datagram with the wrong Q_Key or in a QP not yet in RTR (both checked on
+//! receipt), or with no receive posted (`out_of_buffer`), is dropped silently and counted; one
+//! that does not fit its receive completes it with LOC_LEN_ERR.
 use super::recv_wc;
 use crate::rnic::qp::Qp;
 use crate::rnic::verbs::*;
 use crate::rnic::{Dev, Packet};
 
+/// One datagram; its QP's state, its DETH and its Q_Key were checked on receipt.
 pub(super) fn ud_receive(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
-    if !matches!(
-        qp.state,
-        QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
-    ) {
-        dev.counters.rx_dropped += 1;
-        return;
-    }
     let Some(deth) = pkt.ext.deth else { return };
-    // IBTA 10.2.4 (C10-15): the Q_Key must match; otherwise the datagram is dropped silently.
-    if deth.qkey != qp.attr.qkey {
-        dev.counters.rx_dropped += 1;
-        return;
-    }
     let Some(wqe) = dev.next_recv(qp) else {
-        dev.counters.rx_dropped += 1;
+        dev.counters.out_of_buffer += 1;
         return;
     };
     let plen = pkt.payload.len() as u64;
@@ -50,6 +39,7 @@ pub(super) fn ud_receive(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
     };
     if let Err(status) = landed {
         let wc = recv_wc(qp, &wqe, status, 0);
+        qp.note_wc(&wc);
         dev.push_wc(qp.recv_cq, wc);
         return;
     }
