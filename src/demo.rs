@@ -27,6 +27,10 @@ pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
         );
         Ok(ExitCode::SUCCESS)
     } else {
+        // What the RNICs counted when each failed row ended (stderr: stdout is the table).
+        for r in rows.iter().filter(|r| !r.ok && !r.counters.is_empty()) {
+            eprint!("{}:\n{}", r.operation, r.counters);
+        }
         println!(
             "demo: {failed} of {} operations FAILED (seed {})",
             rows.len(),

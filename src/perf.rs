@@ -327,7 +327,7 @@ fn run_remote(
     }
     let out = rocemu_tools::remote::perf(&mut d.ep, &o);
     d.ep.engine.finish_recording()?;
-    let out = out?;
+    let out = out.map_err(|e| rocemu_tools::explain(e, &[("", &d.ep.rnic.counters())]))?;
     Ok(if print_outcome(a, test, &port, &o, &out) {
         ExitCode::SUCCESS
     } else {
@@ -395,6 +395,10 @@ fn checked(r: &Report) -> bool {
             ok = false;
         }
         None => {}
+    }
+    if !ok {
+        // Why, in the counters' words (stderr: stdout is perftest's table).
+        eprint!("{}", r.counters);
     }
     ok
 }

@@ -120,7 +120,8 @@ pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
     };
     let r = pingpong::pingpong(&mut d.ep, &o);
     d.ep.engine.finish_recording()?;
-    let r = r?;
+    // A failure ends with the counters that explain it (rx_drop_wrong_src: a wrong GID index).
+    let r = r.map_err(|e| rocemu_tools::explain(e, &[("", &d.ep.rnic.counters())]))?;
     for l in r.lines() {
         println!("{l}");
     }

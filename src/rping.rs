@@ -68,7 +68,9 @@ pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
     if a.server {
         eprintln!("{}", report.line);
     }
-    for l in r? {
+    // A failure ends with the counters that explain it (rx_drop_wrong_src: a wrong GID index).
+    let r = r.map_err(|e| rocemu_tools::explain(e, &[("", &d.ep.rnic.counters())]))?;
+    for l in r {
         println!("{l}");
     }
     let c = d.ep.rnic.counters();

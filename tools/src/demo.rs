@@ -18,6 +18,9 @@ pub struct Row {
     pub retransmissions: u64,
     pub ok: bool,
     pub detail: String,
+    /// For a failed row, both RNICs' counters that point at the problem
+    /// ([`crate::failure_counters`], counted since the demo started); empty otherwise.
+    pub counters: String,
 }
 
 struct Side {
@@ -60,6 +63,11 @@ struct Ctx {
 }
 
 impl Ctx {
+    /// [`crate::failure_counters`] of both RNICs.
+    fn failure_counters(&self) -> String {
+        crate::failure_counters(&[("A", &self.p.a.counters()), ("B", &self.p.b.counters())])
+    }
+
     fn drain(
         &mut self,
         cq_a: CqId,
@@ -118,6 +126,7 @@ fn run_connected(
             retransmissions: 0,
             ok: false,
             detail: e.to_string(),
+            counters: ctx.failure_counters(),
         });
         return rows;
     }
@@ -188,6 +197,11 @@ fn run_op(ctx: &mut Ctx, a: &Side, b: &Side, label: &str, run: &OpRun) -> Row {
         packets: ctx.p.frames - frames0,
         retransmissions: rt,
         ok: errs.is_empty(),
+        counters: if errs.is_empty() {
+            String::new()
+        } else {
+            ctx.failure_counters()
+        },
         detail: errs.into_iter().take(3).collect::<Vec<_>>().join("; "),
     }
 }
@@ -463,6 +477,11 @@ fn run_ud(ctx: &mut Ctx, count: usize, size: usize) -> Row {
         packets: ctx.p.frames - frames0,
         retransmissions: 0,
         ok: errs.is_empty(),
+        counters: if errs.is_empty() {
+            String::new()
+        } else {
+            ctx.failure_counters()
+        },
         detail: errs.into_iter().take(3).collect::<Vec<_>>().join("; "),
     }
 }

@@ -50,8 +50,72 @@ pub fn poll_wcs(
     r.try_poll_cq(cq, max, out).map_err(|e| e.to_string())
 }
 
+/// What a failing tool prints after its error, so that its user learns why: each RNIC's
+/// counters that point at a problem ([`Counters::errors`](rocemu_emulator::rnic::Counters::errors),
+/// the names `rocemu stats` uses), one `name value` line each under `RNIC LABEL counters:`,
+/// for every RNIC that has any; empty when none has. A wrong GID index at the peer, for
+/// example, shows as `rx_drop_wrong_src` on the RNIC that dropped the packets.
+pub fn failure_counters(rnics: &[(&str, &rocemu_emulator::rnic::Counters)]) -> String {
+    let mut out = String::new();
+    for (label, c) in rnics {
+        let lines = c.error_lines("  ");
+        if !lines.is_empty() {
+            let sep = if label.is_empty() { "" } else { " " };
+            out += &format!("RNIC{sep}{label} counters:\n{lines}");
+        }
+    }
+    out
+}
+
+/// `e`, then on the next lines [`failure_counters`] of `rnics` (nothing more when they have
+/// none): the message a failing tool ends with.
+pub fn explain(
+    e: impl std::fmt::Display,
+    rnics: &[(&str, &rocemu_emulator::rnic::Counters)],
+) -> String {
+    let f = failure_counters(rnics);
+    if f.is_empty() {
+        e.to_string()
+    } else {
+        format!("{e}\n{}", f.trim_end())
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    /// A failure's message names the counters that moved, per RNIC, and only those: the
+    /// traffic counters and an RNIC with nothing wrong stay out of it.
+    #[test]
+    fn a_failure_ends_with_the_counters_that_explain_it() {
+        use rocemu_emulator::rnic::Counters;
+        let a = Counters {
+            sent_pkts: 40,
+            local_ack_timeout_err: 6,
+            retry_exceeded_err: 1,
+            ..Default::default()
+        };
+        let b = Counters {
+            rcvd_pkts: 0,
+            rx_drop_wrong_src: 12,
+            ..Default::default()
+        };
+        let quiet = Counters {
+            sent_pkts: 3,
+            rcvd_pkts: 3,
+            ..Default::default()
+        };
+        assert_eq!(
+            super::failure_counters(&[("A", &a), ("B", &b), ("C", &quiet)]),
+            "RNIC A counters:\n  local_ack_timeout_err 6\n  retry_exceeded_err 1\n\
+             RNIC B counters:\n  rx_drop_wrong_src 12\n"
+        );
+        assert_eq!(
+            super::explain("RETRY_EXC_ERR", &[("", &b)]),
+            "RETRY_EXC_ERR\nRNIC counters:\n  rx_drop_wrong_src 12"
+        );
+        assert_eq!(super::explain("x", &[("", &quiet)]), "x");
+    }
+
     use rocemu_emulator::connect::ConnectOpts;
     use rocemu_emulator::inproc::{Impairments, Pair};
     use rocemu_emulator::rnic::*;

@@ -369,12 +369,14 @@ impl End for InProcess<'_> {
     }
 
     fn stalled(&mut self, _completed: u64, _total: u64) -> String {
-        format!(
-            "no progress for 30 s: A {:?} {}",
-            self.bed.a.counters(),
-            self.first_qa
-                .map(|q| self.bed.a.debug_qp(q))
-                .unwrap_or_default()
+        crate::explain(
+            format!(
+                "no progress for 30 s: A {}",
+                self.first_qa
+                    .map(|q| self.bed.a.debug_qp(q))
+                    .unwrap_or_default()
+            ),
+            &[("A", &self.bed.a.counters()), ("B", &self.bed.b.counters())],
         )
     }
 }
@@ -513,7 +515,13 @@ pub fn run_bw(o: &Opts) -> Result<Report, String> {
         r.verified = Some(ok);
         r.verify_detail = detail;
     }
+    r.counters = both_counters(&end.bed.a, &end.bed.b);
     Ok(r)
+}
+
+/// [`crate::failure_counters`] of the two in-process RNICs.
+fn both_counters(a: &Rnic, b: &Rnic) -> String {
+    crate::failure_counters(&[("A", &a.counters()), ("B", &b.counters())])
 }
 
 /// `--verify`: checks results through the wire: what was written is read back, what was read
@@ -643,6 +651,7 @@ pub fn run_lat(o: &Opts) -> Result<Report, String> {
     let mut r = perftest::lat_report(&shape, msg_bytes, seconds, lat, t);
     r.errors = errors;
     r.verified = o.verify.then_some(errors == 0);
+    r.counters = both_counters(&bed.a, &bed.b);
     Ok(r)
 }
 

@@ -308,9 +308,9 @@ impl End for Endpoint {
     }
 
     fn stalled(&mut self, completed: u64, total: u64) -> String {
-        format!(
-            "no completion for 30 s after {completed} of {total}; counters {:?}",
-            self.rnic.counters()
+        crate::explain(
+            format!("no completion for 30 s after {completed} of {total}"),
+            &[("", &self.rnic.counters())],
         )
     }
 }
@@ -363,7 +363,9 @@ pub(crate) fn run_client(
         limit_gbps,
     };
     let t = Transport::since(&c0, &ep.rnic.counters());
-    Ok(perftest::bw_report(&shape, o.size as u64, run, t))
+    let mut r = perftest::bw_report(&shape, o.size as u64, run, t);
+    r.counters = crate::failure_counters(&[("", &ep.rnic.counters())]);
+    Ok(r)
 }
 
 /// Checks the run through the wire by reading back the server's regions (a RoCEmu server
@@ -549,11 +551,7 @@ pub(crate) fn run_lat(
         limit_gbps: 0.0,
     };
     let t = Transport::since(&c0, &ep.rnic.counters());
-    Ok(Some(perftest::lat_report(
-        &shape,
-        o.size as u64,
-        seconds,
-        lat,
-        t,
-    )))
+    let mut r = perftest::lat_report(&shape, o.size as u64, seconds, lat, t);
+    r.counters = crate::failure_counters(&[("", &ep.rnic.counters())]);
+    Ok(Some(r))
 }

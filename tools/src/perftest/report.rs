@@ -36,6 +36,9 @@ pub struct Report {
     pub bw_peak_mbps: f64,
     /// Latencies in microseconds, sorted.
     pub lat_us: Vec<f64>,
+    /// The RNICs' counters that point at a problem, as [`crate::failure_counters`] gives
+    /// them when the run ended (empty when none moved): printed when the run failed.
+    pub counters: String,
 }
 
 impl Report {
@@ -160,6 +163,7 @@ pub(crate) fn bw_report(s: &RunShape, msg_bytes: u64, run: BwRun, t: Transport) 
         limit_gbps: s.limit_gbps,
         bw_peak_mbps: run.peak_mbps,
         lat_us: Vec::new(),
+        counters: String::new(),
     }
 }
 
