@@ -36,8 +36,8 @@ pub struct Args {
     /// With --watch: stop after N reports.
     #[arg(short = 'c', long, value_name = "N", requires = "watch")]
     count: Option<u64>,
-    /// The Prometheus text exposition format: rocemu_<counter>{device="NAME",pid="PID"}
-    /// (with --qp also rocemu_qp_<counter> and QP gauges, labelled by qpn). Without NAME:
+    /// The Prometheus text exposition format: rocemu_COUNTER{device="NAME",pid="PID"}
+    /// (with --qp also rocemu_qp_COUNTER and QP gauges, labelled by qpn). Without NAME:
     /// every running device.
     #[arg(long, conflicts_with_all = ["json", "watch"])]
     prometheus: bool,

@@ -15,7 +15,7 @@
 //!
 //! Invariants:
 //! * A device pays nothing while nobody asks: its engine checks one atomic flag per turn
-//!   ([`server::Tap::pending`]); a question is answered by the engine's own thread between two
+//!   ([`server::Server::pending`]); a question is answered by the engine's own thread between two
 //!   turns (the RNIC is never shared), and the JSON is made on the server's thread.
 //! * Nothing a client sends stops or slows the device for long: a request is at most
 //!   [`MAX_REQUEST`] bytes, a client has [`CLIENT_TIMEOUT`] to send it and to read the answer,
