@@ -290,3 +290,46 @@ fn an_engine_answers_between_turns() {
     assert!(!path.exists(), "the socket goes with the engine");
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// Dropping a server ends its thread (shutdown(2) wakes the accept), rather than leaving it
+/// blocked on a socket nobody can reach. Counted by thread name, in a child process of its own
+/// (other tests' servers run in parallel in this one).
+#[test]
+fn dropping_a_server_ends_its_thread() {
+    fn stats_threads() -> usize {
+        std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .flatten()
+            .filter(|t| {
+                std::fs::read_to_string(t.path().join("comm"))
+                    .is_ok_and(|c| c.trim() == "rocemu-stats")
+            })
+            .count()
+    }
+    if std::env::var_os("ROCEMU_STATS_THREAD_TEST").is_none() {
+        let exe = std::env::current_exe().unwrap();
+        let out = std::process::Command::new(exe)
+            .args([
+                "--exact",
+                "stats::tests::dropping_a_server_ends_its_thread",
+                "--test-threads=1",
+            ])
+            .env("ROCEMU_STATS_THREAD_TEST", "1")
+            .output()
+            .unwrap();
+        let o = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success() && o.contains("1 passed"), "{o}");
+        return;
+    }
+    let d = dir("thread");
+    assert_eq!(stats_threads(), 0);
+    let s = Server::bind_in(&d, ident("t-thread")).unwrap();
+    assert_eq!(stats_threads(), 1);
+    drop(s);
+    let t = Instant::now();
+    while stats_threads() > 0 {
+        assert!(t.elapsed() < Duration::from_secs(2), "the thread is still there");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _ = std::fs::remove_dir_all(&d);
+}
