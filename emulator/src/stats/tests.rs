@@ -324,6 +324,12 @@ fn dropping_a_server_ends_its_thread() {
     let d = dir("thread");
     assert_eq!(stats_threads(), 0);
     let s = Server::bind_in(&d, ident("t-thread")).unwrap();
+    // (The thread names itself once it runs.)
+    let t = Instant::now();
+    while stats_threads() == 0 {
+        assert!(t.elapsed() < Duration::from_secs(2), "no stats thread");
+        std::thread::sleep(Duration::from_millis(10));
+    }
     assert_eq!(stats_threads(), 1);
     drop(s);
     let t = Instant::now();
