@@ -35,6 +35,9 @@ pub struct Args {
     /// operating system).
     #[arg(long)]
     seed: Option<u64>,
+    /// With a datapath: the device's name for `rocemu stats`.
+    #[command(flatten)]
+    name: datapath::NameArg,
 }
 
 pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
@@ -70,6 +73,7 @@ fn serve_on(a: &Args, listener: &Listener) -> Result<ExitCode, Box<dyn std::erro
         a.pcap.as_deref(),
         None,
         a.seed,
+        &a.name.get(),
     )?;
     // A partial move: the rest of `opened` (the kernel's UDP 4791 guard) lives to the end.
     let ep = opened.ep;

@@ -86,6 +86,26 @@ pub struct EndArgs {
     /// Record every frame sent and received.
     #[arg(long)]
     pub pcap: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    pub name: NameArg,
+}
+
+/// The name `rocemu stats` knows a device by.
+#[derive(clap::Args, Debug, Clone)]
+pub struct NameArg {
+    /// This device's name for `rocemu stats` (default: $ROCEMU_NAME, else rocemu0); two
+    /// processes with the same name are NAME@PID there.
+    #[arg(long = "name", value_name = "NAME")]
+    pub name: Option<String>,
+}
+
+impl NameArg {
+    /// The name given, or the default.
+    pub fn get(&self) -> String {
+        self.name
+            .clone()
+            .unwrap_or_else(rocemu_emulator::stats::default_name)
+    }
 }
 
 impl EndArgs {
@@ -99,6 +119,7 @@ impl EndArgs {
             self.pcap.as_deref(),
             Some((imp, self.imp.impair_seed())),
             self.imp.seed,
+            &self.name.get(),
         )
     }
 }
@@ -109,8 +130,9 @@ pub struct Opened {
     _guard: Option<KernelGuard>,
 }
 
-/// Opens the datapath `dev` (`af_packet:IFACE` or `dpdk:'EAL ARGS'`) as address `ip`. The RNIC's
-/// keys replay from `seed` when given; otherwise they are seeded by the operating system.
+/// Opens the datapath `dev` (`af_packet:IFACE` or `dpdk:'EAL ARGS'`) as address `ip`, a device
+/// that answers `rocemu stats` as `name`. The RNIC's keys replay from `seed` when given;
+/// otherwise they are seeded by the operating system.
 pub fn open(
     dev: &str,
     ip: &str,
@@ -118,7 +140,9 @@ pub fn open(
     pcap: Option<&Path>,
     impair: Option<(Impairments, u64)>,
     seed: Option<u64>,
+    name: &str,
 ) -> Result<Opened, String> {
+    rocemu_emulator::stats::check_name(name).map_err(|e| format!("--name: {e}"))?;
     let ip: IpAddr = ip
         .parse()
         .map_err(|_| format!("--ip {ip}: not an IPv4 or IPv6 address"))?;
@@ -148,6 +172,17 @@ pub fn open(
     engine.set_idle_strategy(IdleStrategy::BusyPoll);
     if let Some(p) = pcap {
         engine.record(p)?;
+    }
+    let id = rocemu_emulator::stats::Identity {
+        name: name.to_string(),
+        datapath: engine.port().name(),
+        address: ip.to_string(),
+        mac: mac.to_string(),
+    };
+    // Without its socket the end still runs: `rocemu stats` will not see it.
+    match rocemu_emulator::stats::server::Server::bind(id) {
+        Ok(s) => engine.serve_stats(s),
+        Err(e) => eprintln!("rocemu: stats: {e}; `rocemu stats` will not list this device"),
     }
     Ok(Opened {
         ep: Endpoint { rnic, engine },

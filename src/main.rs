@@ -12,6 +12,7 @@ mod forge_cm;
 mod perf;
 mod pingpong;
 mod rping;
+mod stats;
 
 #[derive(Parser, Debug)]
 #[command(name = "rocemu", version, about = "RoCEmu: a software RoCEv2 NIC")]
@@ -43,6 +44,9 @@ enum Cmd {
     Pingpong(pingpong::Args),
     /// librdmacm's rping on RoCEmu: connects through the IB CM (rdma_cm), on --dev.
     Rping(rping::Args),
+    /// The running RoCEmu devices, and one's counters (rdma statistic's names), per QP, as
+    /// rates, JSON or Prometheus (also served on HTTP with --listen).
+    Stats(stats::Args),
     /// Linux rdma_rxe peers in QEMU VMs on a private bridge: up, down, exec, status, build.
     #[command(disable_help_flag = true)]
     Rxevm {
@@ -54,7 +58,7 @@ enum Cmd {
 /// Lets a command that writes its results to stdout end quietly, as other command-line tools do,
 /// when the reader goes away (`rocemu decode big.pcap | head`): Rust ignores SIGPIPE, and every
 /// `println!` after that would panic. Not for the commands that talk over sockets (`agent`,
-/// `conformance`): a peer closing its Unix socket must be an error they handle, not their death.
+/// `conformance`, `stats --listen`): a peer closing its Unix socket must be an error they handle, not their death.
 fn default_sigpipe() {
     // SAFETY: `signal` with SIG_DFL only resets one signal's disposition; it runs first thing in
     // `main`, before any thread of ours exists.
@@ -73,7 +77,12 @@ fn main() -> ExitCode {
         }
         Err(e) => e.exit(),
     };
-    if !matches!(cli.cmd, Cmd::Agent(_) | Cmd::Conformance(_)) {
+    let serves = match &cli.cmd {
+        Cmd::Agent(_) | Cmd::Conformance(_) => true,
+        Cmd::Stats(a) => a.serves(),
+        _ => false,
+    };
+    if !serves {
         default_sigpipe();
     }
     let r = match cli.cmd {
@@ -86,6 +95,7 @@ fn main() -> ExitCode {
         Cmd::Perf(a) => perf::run(&a),
         Cmd::Pingpong(a) => pingpong::run(&a),
         Cmd::Rping(a) => rping::run(&a),
+        Cmd::Stats(a) => stats::run(&a),
         Cmd::Rxevm { args } => rocemu_testbed::rxevm::cli(&args)
             .map(|c| ExitCode::from(c.clamp(0, 255) as u8))
             .map_err(Into::into),

@@ -97,6 +97,9 @@ pub struct Args {
     /// answer one.
     #[arg(long, default_value_t = 1, value_name = "N")]
     serve: u64,
+    /// With --dev: the device's name for `rocemu stats`.
+    #[command(flatten)]
+    name: crate::datapath::NameArg,
 }
 
 pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
@@ -280,6 +283,7 @@ fn run_remote(
         a.pcap.as_deref(),
         Some((a.imp.get()?, a.imp.impair_seed())),
         a.imp.seed,
+        &a.name.get(),
     )?;
     let tx_depth = a.tx_depth.min(iters as usize).max(1);
     let o = rocemu_tools::remote::PerfOpts {

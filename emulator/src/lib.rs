@@ -12,10 +12,12 @@
 //!   [`inproc::Pair`], the real-time [`inproc::Loopback`].
 //! * [`connect`] brings a QP to RTS as the tools do ([`connect::bring_up`]).
 //! * [`api`] is the shareable [`api::Device`] for applications; [`cm`] the IB CM over QP1.
+//! * [`stats`] is `rocemu stats`' endpoint: a device's socket, answered between engine turns
+//!   ([`engine::Engine::serve_stats`]), and the reader's side.
 //! * [`dma`] reads and writes memory the RNIC does not own (a program's buffer registered with
 //!   [`rnic::Rnic::reg_mr_foreign`]), bounds-checked, through raw pointers only.
 // Unsafe code only where a kernel interface demands it (`port::af_packet`, `engine::wake`: eventfd
-// and ppoll) and in the one module
+// and ppoll; `stats::server`: shutdown and atexit) and in the one module
 // that touches a program's memory (`dma`); the core forbids it.
 #![deny(unsafe_code)]
 
@@ -32,6 +34,7 @@ pub mod inproc;
 pub mod port;
 pub mod rng;
 pub mod rnic;
+pub mod stats;
 pub mod time;
 
 pub use rnic::Rnic;

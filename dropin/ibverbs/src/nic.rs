@@ -13,7 +13,8 @@
 //! which also seeds the RNIC's keys, QPNs, PSNs and CM IDs (default: from the operating system;
 //! see `impair.rs`). `rocemu exec` sets them. Without `ROCEMU_DEV` the list is
 //! empty and one line on stderr says how to configure; a bad value is one clear line and no
-//! device.
+//! device. The device answers `rocemu stats` on a socket named after `ROCEMU_NAME` (see
+//! `rocemu_emulator::stats`), removed when the program exits.
 //!
 //! The engine thread turns the engine (`Engine::poll`) with the RNIC's lock held for one turn at
 //! a time, and between turns answers what the verbs cannot do without the port: asking a
@@ -469,6 +470,18 @@ fn open_nic() -> Result<Opened, String> {
         Ok("backoff") => IdleStrategy::Backoff,
         _ => IdleStrategy::Wake,
     });
+    // `rocemu stats` finds the program's device by its name (ROCEMU_NAME); without the socket
+    // the device still works.
+    let id = rocemu_emulator::stats::Identity {
+        name: cfg.name.clone(),
+        datapath: engine.port().name(),
+        address: cfg.ip.to_string(),
+        mac: mac.to_string(),
+    };
+    match rocemu_emulator::stats::server::Server::bind(id) {
+        Ok(s) => engine.serve_stats(s),
+        Err(e) => eprintln!("rocemu: stats: {e}; `rocemu stats` will not list this device"),
+    }
     let bell = engine
         .doorbell()
         .map_err(|e| format!("eventfd (the engine's doorbell): {e}"))?;

@@ -135,6 +135,8 @@ struct State {
 pub struct Engine {
     port: Box<dyn Port + Send>,
     st: State,
+    /// The `rocemu stats` socket, answered between turns ([`Engine::serve_stats`]).
+    stats: Option<crate::stats::server::Server>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -169,6 +171,7 @@ impl Engine {
                 doorbell: None,
                 sleeps: 0,
             },
+            stats: None,
         }
     }
 
@@ -200,7 +203,25 @@ impl Engine {
         }
         let d = Arc::new(Doorbell::new()?);
         self.st.doorbell = Some(d.clone());
+        if let Some(s) = &self.stats {
+            s.set_doorbell(d.clone());
+        }
         Ok(d)
+    }
+
+    /// Answers `rocemu stats` on `server`'s socket from now on: a question is answered by
+    /// the thread turning the engine, at the end of its next [`poll`](Self::poll) (a turn costs
+    /// one more atomic load); the socket goes away with the engine.
+    pub fn serve_stats(&mut self, server: crate::stats::server::Server) {
+        if let Some(d) = &self.st.doorbell {
+            server.set_doorbell(d.clone());
+        }
+        self.stats = Some(server);
+    }
+
+    /// The stats socket's path, when [`serve_stats`](Self::serve_stats) gave one.
+    pub fn stats_path(&self) -> Option<&Path> {
+        self.stats.as_ref().map(|s| s.path())
     }
 
     /// Sets the longest idle wait of [`IdleStrategy::Wake`] (default [`WAKE_NAP_MAX`]). A test
@@ -253,6 +274,11 @@ impl Engine {
         // After transmitting: what was sent may have armed a retransmit timer.
         st.deadline = rnic.poll_timeout();
         st.tx_backlog = !st.ctl.is_empty() || rnic.wants_transmit();
+        if let Some(s) = &self.stats {
+            if s.pending() {
+                s.answer(rnic, &st.stats, &self.port.stats());
+            }
+        }
         work
     }
 
