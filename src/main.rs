@@ -85,6 +85,8 @@ fn main() -> ExitCode {
     if !serves {
         default_sigpipe();
     }
+    // Logs on stderr when ROCEMU_LOG or RUST_LOG asks for them (README, "Logs"); none otherwise.
+    rocemu_emulator::logs::init_from_env();
     let r = match cli.cmd {
         Cmd::Agent(a) => agent::run(&a),
         Cmd::Conformance(a) => conformance::run(&a),

@@ -31,6 +31,7 @@ pub mod engine;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod inproc;
+pub mod logs;
 pub mod port;
 pub mod rng;
 pub mod rnic;

@@ -11,7 +11,8 @@
 //! `ROCEMU_DUPLICATE`, `ROCEMU_CORRUPT` (probabilities, 0…1) wrap the datapath in seeded
 //! impairments of every frame both ways (`ImpairedPort`), seeded by `ROCEMU_SEED` (default 1),
 //! which also seeds the RNIC's keys, QPNs, PSNs and CM IDs (default: from the operating system;
-//! see `impair.rs`). `rocemu exec` sets them. Without `ROCEMU_DEV` the list is
+//! see `impair.rs`). `rocemu exec` sets them. `ROCEMU_LOG` (or `RUST_LOG`) turns on the RNIC's
+//! logs on stderr, filtered as `RUST_LOG` filters (`rocemu_emulator::logs`). Without `ROCEMU_DEV` the list is
 //! empty and one line on stderr says how to configure; a bad value is one clear line and no
 //! device. The device answers `rocemu stats` on a socket named after `ROCEMU_NAME` (see
 //! `rocemu_emulator::stats`), removed when the program exits.
@@ -393,6 +394,10 @@ fn open_dpdk(args: &str) -> Result<Box<dyn Port + Send>, String> {
 /// `librte_mempool_ring` 7.5 % of the client's samples, none in `rocemu perf`'s client, whose
 /// engine runs on the EAL's main thread).
 fn start() -> Result<&'static Nic, String> {
+    // Logs on stderr only when ROCEMU_LOG or RUST_LOG asks for them; a library installs nothing
+    // otherwise. The subscriber is this library's own (its copy of `tracing` is linked inside
+    // it): a Rust program's own subscriber is not touched, nor does it see these events.
+    rocemu_emulator::logs::init_from_env();
     let (tx, rx) = std::sync::mpsc::sync_channel(1);
     std::thread::Builder::new()
         .name("rocemu-engine".into())

@@ -196,8 +196,9 @@ impl CmAgent {
     fn insert(&mut self, id: u32, mut c: Conn) {
         let d = c.deadline.take();
         let s = c.state;
-        c.state = CmState::TimeWait; // not half-open: set_state counts the real one
-        self.book.set_state(&mut c, s);
+        c.state = CmState::TimeWait; // not half-open: count_state counts the real one
+        self.book.count_state(&mut c, s);
+        tracing::debug!(cm_id = %CommId(id), peer = %c.peer, state = ?s, "CM connection");
         self.book.set_deadline(id, &mut c, d);
         if c.remote_comm_id.0 != 0 {
             let index = if c.sidr {
@@ -212,7 +213,8 @@ impl CmAgent {
 
     fn forget(&mut self, id: u32) -> Option<Conn> {
         let mut c = self.conns.remove(&id)?;
-        self.book.set_state(&mut c, CmState::TimeWait);
+        tracing::debug!(cm_id = %CommId(id), state = ?c.state, "CM connection forgotten");
+        self.book.count_state(&mut c, CmState::TimeWait);
         self.book.set_deadline(id, &mut c, None);
         let index = if c.sidr {
             &mut self.sidr_by_remote
@@ -322,7 +324,7 @@ impl CmAgent {
             ..RepRepr::default()
         };
         let mad = CmMadRepr::new(c.tid, CmMessage::Rep(rep));
-        self.book.set_state(c, CmState::RepSent);
+        self.book.set_state(id.0, c, CmState::RepSent);
         c.local_qpn = p.qpn;
         c.pending = Some(mad);
         c.last_answer = Some(mad);
@@ -382,6 +384,7 @@ impl CmAgent {
             }
             _ => return,
         };
+        tracing::debug!(cm_id = %id, peer = %c.peer, reason = reason.0, "CM: REJ sent");
         self.out.push_back((c.peer, mad));
         self.book.time_wait(id.0, c, until);
         c.last_answer = Some(mad);
@@ -409,7 +412,7 @@ impl CmAgent {
                 ..RtuRepr::default()
             }),
         );
-        self.book.set_state(c, CmState::Established);
+        self.book.set_state(id.0, c, CmState::Established);
         self.book.set_deadline(id.0, c, None);
         c.last_answer = Some(rtu);
         self.out.push_back((c.peer, rtu));
@@ -523,7 +526,7 @@ impl CmAgent {
             ..DreqRepr::default()
         };
         let mad = CmMadRepr::new(c.tid, CmMessage::Dreq(dreq));
-        self.book.set_state(c, CmState::DreqSent);
+        self.book.set_state(id.0, c, CmState::DreqSent);
         c.pending = Some(mad);
         c.retries_left = retries;
         self.book.set_deadline(id.0, c, Some(deadline));
@@ -590,7 +593,8 @@ impl CmAgent {
             CmMessage::Rep(r) => self.on_rep(now, r),
             CmMessage::Rtu(r) => match self.conns.get_mut(&r.remote_comm_id.0) {
                 Some(c) if c.state == CmState::RepSent && c.remote_comm_id == r.local_comm_id => {
-                    self.book.set_state(c, CmState::Established);
+                    self.book
+                        .set_state(r.remote_comm_id.0, c, CmState::Established);
                     c.pending = None;
                     self.book.set_deadline(r.remote_comm_id.0, c, None);
                     self.events.push_back(CmEvent::Established {
@@ -611,6 +615,12 @@ impl CmAgent {
                         || (matches!(c.state, CmState::RepSent | CmState::RepRcvd)
                             && c.remote_comm_id == r.local_comm_id) =>
                 {
+                    tracing::debug!(
+                        cm_id = %r.remote_comm_id,
+                        peer = %from,
+                        reason = r.reason.0,
+                        "CM: REJ received"
+                    );
                     self.book.time_wait(r.remote_comm_id.0, c, until);
                     self.events.push_back(CmEvent::Rejected {
                         id: r.remote_comm_id,
@@ -784,6 +794,7 @@ impl CmAgent {
         };
         if !self.listens.contains(&r.service_id) {
             self.counters.reqs_no_listener += 1;
+            tracing::debug!(peer = %from, service = r.service_id.0, "CM: REQ for a service nobody listens on: REJ sent");
             self.out.push_back(refuse(RejReason::INVALID_SERVICE_ID));
             return;
         }
@@ -791,6 +802,7 @@ impl CmAgent {
             // The backlog is full: refused without keeping anything, as a listener whose
             // backlog is full refuses (the reason `RejReason::CONSUMER_DEFINED` documents).
             self.counters.reqs_rejected_backlog += 1;
+            tracing::warn!(peer = %from, backlog = self.max_half_open, "CM: listen backlog full: REQ refused");
             self.out.push_back(refuse(RejReason::CONSUMER_DEFINED));
             return;
         }
@@ -845,7 +857,7 @@ impl CmAgent {
                 c.remote_qpn = r.local_qpn;
                 c.remote_psn = r.starting_psn;
                 c.pending = None;
-                self.book.set_state(c, CmState::RepRcvd);
+                self.book.set_state(r.remote_comm_id.0, c, CmState::RepRcvd);
                 // Bounded: the application has half_open_timeout to call establish.
                 self.book
                     .set_deadline(r.remote_comm_id.0, c, Some(now + self.half_open_timeout));
@@ -871,7 +883,8 @@ impl CmAgent {
                         ..RtuRepr::default()
                     }),
                 );
-                self.book.set_state(c, CmState::Established);
+                self.book
+                    .set_state(r.remote_comm_id.0, c, CmState::Established);
                 c.pending = None;
                 self.book.set_deadline(r.remote_comm_id.0, c, None);
                 c.last_answer = Some(rtu);
@@ -940,6 +953,7 @@ impl CmAgent {
                     // The application never answered: forget the REQ (the peer's own timer
                     // ends its side). If the application has not seen it either, it never will.
                     self.counters.half_open_expired += 1;
+                    tracing::debug!(cm_id = %CommId(id), "CM: REQ never answered by the application: forgotten");
                     if !self.forget_unseen(id) {
                         self.events.push_back(CmEvent::Timeout { id: CommId(id) });
                     }
@@ -947,23 +961,39 @@ impl CmAgent {
                 (CmState::RepRcvd, _, _) => {
                     // The application never sent its RTU: take the connection back.
                     self.counters.establish_expired += 1;
+                    tracing::debug!(cm_id = %CommId(id), "CM: RTU never sent by the application: rejected");
                     self.reject(CommId(id), RejReason::CONSUMER_DEFINED);
                     if !self.forget_unseen(id) {
                         self.events.push_back(CmEvent::Timeout { id: CommId(id) });
                     }
                 }
                 (_, Some(m), n) if n > 0 => {
+                    tracing::debug!(
+                        cm_id = %CommId(id),
+                        peer = %c.peer,
+                        state = ?c.state,
+                        retries_left = n - 1,
+                        "CM: no answer: MAD sent again"
+                    );
                     c.retries_left -= 1;
                     self.book.set_deadline(id, c, Some(now + wait));
                     self.out.push_back((c.peer, m));
                 }
                 (CmState::SidrReqSent, _, _) => {
                     // Nothing to answer later: no time-wait for a SIDR_REQ.
+                    tracing::warn!(cm_id = %CommId(id), peer = %c.peer, "CM: SIDR_REQ never answered: timeout");
                     self.counters.timeouts += 1;
                     self.forget(id);
                     self.events.push_back(CmEvent::Timeout { id: CommId(id) });
                 }
                 _ => {
+                    tracing::warn!(
+                        cm_id = %CommId(id),
+                        peer = %c.peer,
+                        state = ?c.state,
+                        retries = self.max_cm_retries,
+                        "CM: peer stopped answering: timeout"
+                    );
                     self.counters.timeouts += 1;
                     self.book.time_wait(id, c, until);
                     self.events.push_back(CmEvent::Timeout { id: CommId(id) });

@@ -273,7 +273,23 @@ pub(super) struct Book {
 }
 
 impl Book {
-    pub(super) fn set_state(&mut self, c: &mut Conn, s: CmState) {
+    /// Connection `id` moves to `s` (logged, `crate::logs`).
+    pub(super) fn set_state(&mut self, id: u32, c: &mut Conn, s: CmState) {
+        if c.state != s {
+            tracing::debug!(
+                cm_id = %CommId(id),
+                peer = %c.peer,
+                qpn = %c.local_qpn,
+                from = ?c.state,
+                to = ?s,
+                "CM state changed"
+            );
+        }
+        self.count_state(c, s);
+    }
+
+    /// `c.state = s`, with the half-open count kept.
+    pub(super) fn count_state(&mut self, c: &mut Conn, s: CmState) {
         if c.state.is_half_open() {
             self.half_open -= 1;
         }
@@ -295,7 +311,7 @@ impl Book {
 
     /// Closed: nothing left to retransmit; forgotten at `until`.
     pub(super) fn time_wait(&mut self, id: u32, c: &mut Conn, until: Nanos) {
-        self.set_state(c, CmState::TimeWait);
+        self.set_state(id, c, CmState::TimeWait);
         c.pending = None;
         self.set_deadline(id, c, Some(until));
     }

@@ -355,6 +355,12 @@ impl Engine {
             let t = Instant::now();
             if t >= deadline {
                 self.st.asking.retain(|a| *a != ip);
+                tracing::warn!(
+                    %ip,
+                    port = self.port.name(),
+                    timeout_s = timeout.as_secs_f64(),
+                    "address not resolved: no ARP/ND answer"
+                );
                 return Err(format!(
                     "no answer from {ip} on {} within {:.1} s ({} asked; is the peer up and on this link?)",
                     self.port.name(),

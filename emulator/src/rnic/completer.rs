@@ -5,13 +5,27 @@ use super::qp::Qp;
 use super::requester::{complete_front, fail_wqe};
 use super::verbs::*;
 use super::{Dev, Packet};
+use crate::logs::qp_event;
 use crate::time::Nanos;
 use rocemu_wire::opcode::{Operation, Position};
 use rocemu_wire::{NakCode, Psn, SyndromeKind};
 
+/// Why the requester goes back (logged with the retransmission).
+#[derive(Debug, Clone, Copy)]
+enum Why {
+    /// A PSN sequence error NAK.
+    Nak,
+    /// A response beyond a missing one, or an ACK past a READ or atomic without its response.
+    ImpliedNak,
+    /// The local ACK timer expired.
+    Timeout,
+    /// The wait an RNR NAK asked for is over.
+    RnrWaitOver,
+}
+
 /// Restarts sending at PSN `p` (go-back-N). For a READ whose responses partly arrived, the
 /// restart is at its first missing response.
-fn go_back(qp: &mut Qp, now: Nanos, p: Psn) {
+fn go_back(qp: &mut Qp, now: Nanos, p: Psn, why: Why) {
     // The first WQE not yet acknowledged in full: its PSNs reach `p`, or it is a read or atomic
     // still waiting for its response (an ACK beyond it does not make up for the response).
     let i = qp.sq.iter().take_while(|w| w.started).position(|w| {
@@ -48,6 +62,16 @@ fn go_back(qp: &mut Qp, now: Nanos, p: Psn) {
         w.rd_counted = false;
     }
     qp.rd_outstanding = qp.sq.iter().take(i).filter(|w| w.rd_counted).count() as u32;
+    qp_event!(
+        qp,
+        DEBUG,
+        from_psn = p.value(),
+        reason = ?why,
+        retry_left = qp.retry_left,
+        rnr_left = qp.rnr_left,
+        cwnd = qp.cwnd,
+        "go-back-N: retransmitting"
+    );
 }
 
 const MIN_CWND: u32 = 4;
@@ -203,7 +227,7 @@ fn implied_nak(dev: &mut Dev, qp: &mut Qp, now: Nanos, ri: usize, resume: Psn) {
     dev.counters.completer_retry_err += 1;
     qp.counters.implied_nak_seq_err += 1;
     qp.retry_pending = true;
-    go_back(qp, now, resume);
+    go_back(qp, now, resume, Why::ImpliedNak);
 }
 
 /// One response packet for this QP: an RC QP in RTS or SQD (checked on receipt).
@@ -233,6 +257,15 @@ pub(crate) fn handle(dev: &mut Dev, qp: &mut Qp, now: Nanos, pkt: &Packet<'_>) {
                 qp.rnr_deadline = Some(now + Nanos::from_micros(wait));
                 qp.rnr_psn = psn;
                 qp.ack_deadline = None;
+                qp_event!(
+                    qp,
+                    DEBUG,
+                    psn = psn.value(),
+                    wait_us = wait,
+                    rnr_left = qp.rnr_left,
+                    rnr_retry = qp.attr.rnr_retry,
+                    "RNR NAK received: waiting"
+                );
                 return;
             }
             SyndromeKind::Nak(code) => {
@@ -254,6 +287,7 @@ pub(crate) fn handle(dev: &mut Dev, qp: &mut Qp, now: Nanos, pkt: &Packet<'_>) {
                     c.rcvd_seq_err += 1;
                 }
                 complete_before(dev, qp, now, psn);
+                qp_event!(qp, DEBUG, psn = psn.value(), ?code, "NAK received");
                 match code {
                     NakCode::PsnSequenceError => {
                         if !spend_retry(qp) {
@@ -262,7 +296,7 @@ pub(crate) fn handle(dev: &mut Dev, qp: &mut Qp, now: Nanos, pkt: &Packet<'_>) {
                         }
                         dev.counters.packet_seq_err += 1;
                         dev.counters.completer_retry_err += 1;
-                        go_back(qp, now, psn);
+                        go_back(qp, now, psn, Why::Nak);
                     }
                     NakCode::InvalidRequest => fail_at(dev, qp, psn, WcStatus::RemInvReqErr),
                     NakCode::RemoteAccessError => fail_at(dev, qp, psn, WcStatus::RemAccessErr),
@@ -442,7 +476,7 @@ pub(crate) fn timeout(dev: &mut Dev, qp: &mut Qp, now: Nanos) {
         if t <= now {
             qp.rnr_deadline = None;
             let p = qp.rnr_psn;
-            go_back(qp, now, p);
+            go_back(qp, now, p, Why::RnrWaitOver);
         }
     }
     if let Some(t) = qp.ack_deadline {
@@ -460,7 +494,7 @@ pub(crate) fn timeout(dev: &mut Dev, qp: &mut Qp, now: Nanos) {
             dev.counters.completer_retry_err += 1;
             qp.counters.local_ack_timeout_err += 1;
             let p = qp.acked_psn;
-            go_back(qp, now, p);
+            go_back(qp, now, p, Why::Timeout);
         }
     }
 }

@@ -13,7 +13,7 @@
 //! firing before the first is taken merges with it), so the pending events are bounded by the
 //! number of CQs.
 use super::device::Dev;
-use super::modify::flush;
+use super::modify::{flush, ErrCause};
 use super::slots::GenSlots;
 use super::verbs::*;
 use super::Rnic;
@@ -275,7 +275,7 @@ impl Rnic {
                 if (qp.send_cq == cq || qp.recv_cq == cq)
                     && !matches!(qp.state, QpState::Err | QpState::Reset)
                 {
-                    flush(&mut self.dev, qp);
+                    flush(&mut self.dev, qp, ErrCause::CqError(cq));
                     let qpn = qp.qpn;
                     self.dev.raise(AsyncEvent::QpFatal(qpn));
                 }

@@ -58,7 +58,7 @@ pub mod verbs;
 pub use cq::ASYNC_EVENTS_MAX;
 pub(crate) use device::Dev;
 pub use device::{Counters, Rnic, RnicConfig};
-pub(crate) use modify::flush;
+pub(crate) use modify::{flush, ErrCause};
 pub(crate) use receive::Packet;
 pub use stats::{QpCounters, QpInfo};
 pub use verbs::*;

@@ -9,7 +9,9 @@ use super::device::Dev;
 use super::qp::{self, Qp};
 use super::verbs::*;
 use super::{requester, responder, state, Rnic};
-use rocemu_wire::Qpn;
+use crate::logs::qp_event;
+use rocemu_wire::{NakCode, Psn, Qpn};
+use std::fmt;
 
 impl Rnic {
     /// `ibv_modify_qp`: checks the transition and the mask (see [`state`]), applies the
@@ -42,6 +44,9 @@ impl Rnic {
         // Every check passed: from here on the call succeeds.
         apply_attrs(qp, attr, mask, dmac);
         enter_state(&mut self.dev, qp, new);
+        if new != cur && new != QpState::Err {
+            qp_event!(qp, DEBUG, from = ?cur, to = ?new, "QP state changed");
+        }
         // A connected QP's packets all go to its peer: their headers are built once, from the
         // attributes as they now stand (RESET cleared them; INIT has no peer yet).
         qp.tmpl = match (qp.qp_type, qp.state) {
@@ -197,7 +202,7 @@ fn apply_attrs(qp: &mut Qp, attr: &QpAttr, mask: QpAttrMask, dmac: Mac) {
 fn enter_state(dev: &mut Dev, qp: &mut Qp, new: QpState) {
     match new {
         QpState::Reset => {
-            let fresh = Qp::new(
+            let mut fresh = Qp::new(
                 qp.qpn,
                 qp.pd,
                 &QpInitAttr {
@@ -210,19 +215,47 @@ fn enter_state(dev: &mut Dev, qp: &mut Qp, new: QpState) {
                 },
             );
             let counters = qp.counters;
+            fresh.span = std::mem::replace(&mut qp.span, tracing::Span::none());
             *qp = fresh;
             qp.counters = counters;
         }
-        QpState::Err => flush(dev, qp),
+        QpState::Err => flush(dev, qp, ErrCause::ModifyQp),
         s => qp.state = s,
+    }
+}
+
+/// Why a QP entered ERR: logged as it does (`crate::logs`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum ErrCause {
+    /// `ibv_modify_qp` to ERR.
+    ModifyQp,
+    /// A send work request failed (its completion carries the status).
+    WqeFailed(WcStatus),
+    /// The responder met a class C / D error (IBTA 9.9.3.1) and NAKed the request at `psn`.
+    FatalNak(NakCode, Psn),
+    /// A CQ of the QP went to error (IBV_EVENT_QP_FATAL).
+    CqError(CqId),
+}
+
+impl fmt::Display for ErrCause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ErrCause::ModifyQp => f.write_str("modify_qp"),
+            ErrCause::WqeFailed(s) => write!(f, "a send work request failed: {s:?}"),
+            ErrCause::FatalNak(c, p) => write!(f, "responder error: NAK {c:?} for PSN {p}"),
+            ErrCause::CqError(cq) => write!(f, "CQ {} went to error", cq.0),
+        }
     }
 }
 
 /// Entering ERR: every outstanding send and receive WQE completes with WR_FLUSH_ERR (IBTA
 /// 10.3.1.5, 11.4.2.2), signaled or not. The WQEs of a QP's SRQ are the SRQ's, not flushed:
 /// only the one the QP was filling; a QP with an SRQ raises `QpLastWqeReached` as it enters ERR.
-pub(crate) fn flush(dev: &mut Dev, qp: &mut Qp) {
+pub(crate) fn flush(dev: &mut Dev, qp: &mut Qp, why: ErrCause) {
     let entering = qp.state != QpState::Err;
+    if entering {
+        log_to_err(qp, why);
+    }
     qp.state = QpState::Err;
     while let Some(w) = qp.sq.pop_front() {
         let status = w.error.unwrap_or(WcStatus::WrFlushErr);
@@ -247,5 +280,27 @@ pub(crate) fn flush(dev: &mut Dev, qp: &mut Qp) {
     qp.resources.clear();
     if entering && qp.srq.is_some() {
         dev.raise(AsyncEvent::QpLastWqeReached(qp.qpn));
+    }
+}
+
+/// The QP's move to ERR, with why and what it flushes: `debug` when the application asked for
+/// it, `warn` otherwise.
+fn log_to_err(qp: &Qp, why: ErrCause) {
+    macro_rules! ev {
+        ($lvl:ident) => {
+            qp_event!(
+                qp,
+                $lvl,
+                from = ?qp.state,
+                reason = %why,
+                send_wqes = qp.sq.len(),
+                recv_wqes = qp.rq.len(),
+                "QP to ERR"
+            )
+        };
+    }
+    match why {
+        ErrCause::ModifyQp => ev!(DEBUG),
+        _ => ev!(WARN),
     }
 }

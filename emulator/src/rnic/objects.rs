@@ -9,6 +9,7 @@ use super::qp::Qp;
 use super::verbs::*;
 use super::Rnic;
 use crate::dma::ForeignMem;
+use crate::logs::qp_event;
 use rocemu_wire::Qpn;
 
 impl Rnic {
@@ -212,6 +213,10 @@ impl Rnic {
             self.srq_attach(srq, true);
         }
         self.qps[slot] = Some(Qp::new(qpn, pd, &init));
+        if let Some(qp) = self.qps[slot].as_mut() {
+            qp.span = crate::logs::qp_span(self.dev.cfg.ips.first(), qpn, init.qp_type);
+            qp_event!(qp, DEBUG, "QP created");
+        }
         self.live_qps += 1;
         if fixed == Some(Qpn::GSI) {
             self.gsi = Some(slot);
@@ -321,6 +326,7 @@ impl Rnic {
     pub fn destroy_qp(&mut self, qpn: Qpn) -> Result<(), VerbsError> {
         let s = self.slot(qpn)?;
         if let Some(qp) = self.qps[s].take() {
+            qp_event!(qp, DEBUG, state = ?qp.state, "QP destroyed");
             self.forget_timers_of(&qp);
             if let Some(srq) = qp.srq {
                 self.srq_attach(srq, false);

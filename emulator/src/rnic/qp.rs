@@ -274,6 +274,9 @@ pub(crate) enum RespOut {
 pub(crate) struct Qp {
     pub qpn: Qpn,
     pub qp_type: QpType,
+    /// Its events' span (`crate::logs`): made at `create_qp`, kept across RESET; an empty
+    /// handle when no subscriber listens.
+    pub span: tracing::Span,
     pub pd: PdId,
     pub send_cq: CqId,
     pub recv_cq: CqId,
@@ -346,6 +349,7 @@ impl Qp {
         Qp {
             qpn,
             qp_type: init.qp_type,
+            span: tracing::Span::none(),
             pd,
             send_cq: init.send_cq,
             recv_cq: init.recv_cq,

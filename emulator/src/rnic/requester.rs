@@ -3,7 +3,8 @@
 //! can interleave QPs.
 use super::qp::{Qp, SendWqe};
 use super::verbs::*;
-use super::{flush, Dev};
+use super::{flush, Dev, ErrCause};
+use crate::logs::qp_event;
 use crate::time::Nanos;
 use rocemu_wire::frame::pad_for;
 use rocemu_wire::headers::{AtomicEthRepr, DethRepr, RethRepr};
@@ -73,6 +74,16 @@ pub(crate) fn fail_wqe_local(dev: &mut Dev, qp: &mut Qp, i: usize, status: WcSta
 }
 
 fn fail(dev: &mut Dev, qp: &mut Qp, i: usize, status: WcStatus, earlier_done: bool) {
+    qp_event!(
+        qp,
+        WARN,
+        wr_id = qp.sq.get(i).map(|w| w.wr.wr_id),
+        first_psn = qp.sq.get(i).map(|w| w.first_psn.value()),
+        ?status,
+        retry_cnt = qp.attr.retry_cnt,
+        rnr_retry = qp.attr.rnr_retry,
+        "send work request failed"
+    );
     if let Some(w) = qp.sq.get_mut(i) {
         w.error = Some(status);
         if w.wr.opcode.is_send() {
@@ -95,9 +106,10 @@ fn fail(dev: &mut Dev, qp: &mut Qp, i: usize, status: WcStatus, earlier_done: bo
         }
     }
     if qp.qp_type == QpType::Rc {
-        flush(dev, qp);
+        flush(dev, qp, ErrCause::WqeFailed(status));
     } else {
         // SQE: the failed WQE and every later one complete (flushed); receives go on.
+        qp_event!(qp, WARN, from = ?qp.state, reason = ?status, "QP to SQE");
         qp.state = QpState::Sqe;
         while let Some(w) = qp.sq.pop_front() {
             let st = w.error.unwrap_or(WcStatus::WrFlushErr);

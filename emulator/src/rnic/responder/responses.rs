@@ -5,9 +5,10 @@
 //! Invariant: the queue never holds more than the QP's response slots (plus the one fatal NAK);
 //! a response that finds no slot is dropped and counted (`resp_dropped`), as if lost.
 use super::recv_wc;
+use crate::logs::qp_event;
 use crate::rnic::qp::{Qp, Resource, RespMsg, RespOut};
 use crate::rnic::verbs::*;
-use crate::rnic::{flush, Dev};
+use crate::rnic::{flush, Dev, ErrCause};
 use crate::time::Nanos;
 use rocemu_wire::frame::pad_for;
 use rocemu_wire::headers::{AethRepr, AtomicAckEthRepr};
@@ -112,7 +113,7 @@ pub(super) fn fatal(
     // Responses owed for requests accepted before this one still go out, ahead of the NAK
     // (rxe executes requests one at a time: they were sent before this packet was looked at).
     let owed = std::mem::take(&mut qp.resources);
-    flush(dev, qp);
+    flush(dev, qp, ErrCause::FatalNak(code, psn));
     qp.resources = owed;
 }
 
@@ -146,6 +147,9 @@ pub(crate) fn produce(dev: &mut Dev, qp: &mut Qp, _now: Nanos, buf: &mut [u8]) -
             qp.resp_out.pop_front();
             // Counted as they leave: a NAK replaced by a newer one in the queue is not sent.
             count_sent(dev, qp, Syndrome(syndrome));
+            if !Syndrome(syndrome).is_ack() {
+                qp_event!(qp, DEBUG, psn = psn.value(), syndrome = %Syndrome(syndrome), "NAK sent");
+            }
             let bth = BthRepr::new(Opcode::RC_ACKNOWLEDGE, dqpn, psn);
             let ext = ExtHeaders {
                 aeth: Some(AethRepr {
