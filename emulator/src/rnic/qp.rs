@@ -297,6 +297,9 @@ pub(crate) struct Qp {
     pub sq_next: usize,
     /// Next PSN the requester sends.
     pub req_psn: Psn,
+    /// This QP's share of the device counters, counted with them (monotonic: a move to RESET
+    /// keeps them); beside the requester's hot fields, which every packet touches too.
+    pub counters: QpCounters,
     /// Reads/atomics outstanding.
     pub rd_outstanding: u32,
     /// One past the highest PSN ever sent: anything below it sent again is a retransmission,
@@ -335,11 +338,6 @@ pub(crate) struct Qp {
 
     /// On the device's transmit schedule.
     pub scheduled: bool,
-
-    // statistics
-    /// This QP's share of the device counters, counted with them (monotonic: a move to RESET
-    /// keeps them).
-    pub counters: QpCounters,
     /// The status of the last completion in error (see [`Qp::note_wc`]).
     pub last_error: Option<WcStatus>,
 }
