@@ -208,6 +208,7 @@ pub struct Qp {
     // ---- working state
     seen: PsnWindow,
     next_psn: Option<Psn>,
+    next_exact: bool,
     resp_high: Option<Psn>,
     last_request_ts: u64,
     last_response_ts: Option<u64>,
@@ -264,6 +265,7 @@ impl Qp {
             goodput: Buckets::new(),
             seen: PsnWindow::default(),
             next_psn: None,
+            next_exact: true,
             resp_high: None,
             last_request_ts: 0,
             last_response_ts: None,
@@ -569,6 +571,8 @@ impl Analyzer {
         } else {
             1
         };
+        // After a READ of unknown extent, the next request's PSN is not known.
+        let extent_known = !read || pmtu.is_some() || reth_len == 0;
         let q = &mut self.r.qps[i];
         q.request_packets += 1;
         q.first_request_ts.get_or_insert(t);
@@ -577,7 +581,7 @@ impl Analyzer {
         let retransmitted = mark == Mark::Seen && q.transport != Some(Transport::Ud);
         let go_back = retransmitted && q.next_psn != Some(psn);
         match mark {
-            Mark::New { missing } if missing > 0 && q.next_psn.is_some() => {
+            Mark::New { missing } if missing > 0 && q.next_psn.is_some() && q.next_exact => {
                 q.psn_gaps += u64::from(missing)
             }
             Mark::Jump => q.psn_jumps += 1,
@@ -587,6 +591,7 @@ impl Analyzer {
             q.seen.mark(psn.add(k));
         }
         q.next_psn = Some(psn.add(npkts));
+        q.next_exact = extent_known;
         q.psn_series.push((t, psn.value(), retransmitted));
         if p.bth.ack_req && !retransmitted {
             q.last_ackreq = Some((psn, t));
