@@ -3,6 +3,7 @@ use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 mod agent;
+mod analyze;
 mod conformance;
 mod datapath;
 mod decode;
@@ -25,6 +26,9 @@ struct Cli {
 enum Cmd {
     /// Serve the conformance agent protocol (JSON lines) for a RoCEmu RNIC on --dev.
     Agent(agent::Args),
+    /// Reconstruct each QP's conversation from a capture: messages, retransmissions and their
+    /// triggers, NAKs, RNR waits, CNPs, latencies, the CM set-up; findings in words.
+    Analyze(analyze::Args),
     /// Run the conformance scenarios against RoCEmu (--target self) or an agent; write reports.
     Conformance(conformance::Args),
     /// Describe every frame of a capture (pcap or pcapng), one line or one JSON object each.
@@ -89,6 +93,7 @@ fn main() -> ExitCode {
     rocemu_emulator::logs::init_from_env();
     let r = match cli.cmd {
         Cmd::Agent(a) => agent::run(&a),
+        Cmd::Analyze(a) => analyze::run(&a),
         Cmd::Conformance(a) => conformance::run(&a),
         Cmd::Decode(a) => decode::run(&a),
         Cmd::Demo(a) => demo::run(&a),

@@ -488,6 +488,20 @@ fn run_ud(ctx: &mut Ctx, count: usize, size: usize) -> Row {
 
 /// Runs the whole demo. `pcap`: write every frame put on the wire.
 pub fn run(seed: u64, pcap: Option<&std::path::Path>) -> Result<Vec<Row>, String> {
+    run_counted(seed, pcap).map(|r| r.rows)
+}
+
+/// What a run of the demo did: its table, and both RNICs' counters at its end (A requests,
+/// B responds).
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    pub rows: Vec<Row>,
+    pub a: Counters,
+    pub b: Counters,
+}
+
+/// [`run`], also returning both RNICs' counters (to hold a capture's analysis against them).
+pub fn run_counted(seed: u64, pcap: Option<&std::path::Path>) -> Result<Outcome, String> {
     let mut ctx = Ctx {
         p: Pair::new(seed, Impairments::none()),
     };
@@ -538,7 +552,11 @@ pub fn run(seed: u64, pcap: Option<&std::path::Path>) -> Result<Vec<Row>, String
         let mut w = c.into_inner();
         std::io::Write::flush(&mut w).map_err(|e| e.to_string())?;
     }
-    Ok(rows)
+    Ok(Outcome {
+        rows,
+        a: ctx.p.a.counters(),
+        b: ctx.p.b.counters(),
+    })
 }
 
 /// The table, one line per row.

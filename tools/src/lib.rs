@@ -25,6 +25,7 @@
 //! the `rdma_rxe` lab are `rocemu-testbed`'s.
 #![forbid(unsafe_code)]
 
+pub mod analyze;
 pub mod demo;
 pub mod forge_cm;
 pub mod oob;
