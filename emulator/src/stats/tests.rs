@@ -334,7 +334,10 @@ fn dropping_a_server_ends_its_thread() {
     drop(s);
     let t = Instant::now();
     while stats_threads() > 0 {
-        assert!(t.elapsed() < Duration::from_secs(2), "the thread is still there");
+        assert!(
+            t.elapsed() < Duration::from_secs(2),
+            "the thread is still there"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
     let _ = std::fs::remove_dir_all(&d);

@@ -317,13 +317,11 @@ fn garbage_and_foreign_traffic_never_panic() {
                 g[i] ^= 1 << (rnd() % 8);
             }
             1 => g.truncate((rnd() as usize) % g.len()),
-            2 => {
-                // A random PSN: a huge jump either way (the ICRC is not fixed: also a bad frame).
-                if g.len() > 14 + 20 + 8 + 12 {
-                    let o = 14 + 20 + 8 + 9;
-                    g[o] = rnd() as u8;
-                    g[o + 1] = rnd() as u8;
-                }
+            // A random PSN: a huge jump either way (the ICRC is not fixed: also a bad frame).
+            2 if g.len() > 14 + 20 + 8 + 12 => {
+                let o = 14 + 20 + 8 + 9;
+                g[o] = rnd() as u8;
+                g[o + 1] = rnd() as u8;
             }
             _ => {}
         }

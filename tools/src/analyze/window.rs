@@ -76,7 +76,7 @@ impl PsnWindow {
             None => false,
             Some(h) => {
                 let behind = h.distance_from(p);
-                behind >= 1 && behind <= PSN_WINDOW && self.get(p)
+                (1..=PSN_WINDOW).contains(&behind) && self.get(p)
             }
         }
     }
@@ -141,7 +141,7 @@ impl<T> Thinned<T> {
     }
 
     pub fn push(&mut self, v: T) {
-        if self.n % self.stride == 0 {
+        if self.n.is_multiple_of(self.stride) {
             if self.points.len() >= self.cap {
                 let mut i = 0;
                 self.points.retain(|_| {
@@ -150,7 +150,7 @@ impl<T> Thinned<T> {
                 });
                 self.stride *= 2;
             }
-            if self.n % self.stride == 0 {
+            if self.n.is_multiple_of(self.stride) {
                 self.points.push(v);
             }
         }
