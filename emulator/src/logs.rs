@@ -7,7 +7,7 @@
 //!   state change, a NAK sent or received, a go-back-N retransmission and why, an RNR wait, a
 //!   work request failing, a CM state change, REJ or timeout, an address not resolved — never
 //!   once per packet on the path a healthy transfer takes; each first tests the level against
-//!   the global maximum (one relaxed atomic load: [`qp_event!`] does nothing else when off).
+//!   the global maximum (one relaxed atomic load: the `qp_event!` macro does nothing else when off).
 //! * Every QP has a span (`qp{dev=… qpn=0x… type=…}`, made at `create_qp`, kept across RESET,
 //!   closed with the QP); its events are emitted inside it, so a filter can pick one QP:
 //!   `RUST_LOG='[qp{qpn=0x00a3f1}]=debug'`. With no subscriber the span is an empty handle.
