@@ -183,6 +183,10 @@ impl Port for ImpairedPort {
         self.inner.frame_capacity()
     }
 
+    fn impaired(&self) -> bool {
+        !self.imp.is_none()
+    }
+
     fn mtu(&self) -> usize {
         self.inner.mtu()
     }

@@ -103,4 +103,11 @@ pub trait Port {
     fn wait_fd(&self) -> Option<RawFd> {
         None
     }
+
+    /// True when frames through this port are dropped, delayed or altered on purpose
+    /// ([`impair::ImpairedPort`] with some impairment): a caller may then have to wait for
+    /// retransmissions it would not otherwise count on (the CM's end of a connection).
+    fn impaired(&self) -> bool {
+        false
+    }
 }

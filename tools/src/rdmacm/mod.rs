@@ -24,7 +24,7 @@ use rocemu_wire::cm::{
     rdma_cm_flow_label, CmaHdr, CommId, PortSpace, RejReason, ReqRepr, ServiceId,
 };
 use rocemu_wire::eth::Mac;
-use rocemu_wire::mad::MAD_LEN;
+use rocemu_wire::mad::{timeout_nanos, MAD_LEN};
 use rocemu_wire::{Psn, Qpn};
 use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
@@ -96,6 +96,8 @@ pub(crate) struct Cm {
     events: VecDeque<CmEvent>,
     unresolved: Vec<Unresolved>,
     stats: GsiCounters,
+    /// Whether [`Cm::linger`] has already stayed for the peer's repeated DREQs (once a run).
+    time_wait_served: bool,
 }
 
 /// An RC QP's side of a connection, as `rdma_connect` / `rdma_accept` describe it.
@@ -142,6 +144,7 @@ impl Cm {
             events: VecDeque::new(),
             unresolved: Vec::new(),
             stats: GsiCounters::default(),
+            time_wait_served: false,
         })
     }
 
@@ -590,6 +593,10 @@ impl Cm {
 
     /// Ends every connection in `ids` (`rdma_disconnect`): a DREQ for those still up, then
     /// waits up to `wait` for each to be closed, by our DREQ's DREP or by the peer's DREQ.
+    ///
+    /// The wait is at least [`Cm::dreq_patience`]: a DREQ or its DREP lost on the way is only
+    /// resent after the CM response timeout, and a peer whose DREQ never came waits for it
+    /// (perftest's client blocks in `rdma_get_cm_event` until every test QP is disconnected).
     pub(crate) fn disconnect_all(&mut self, ep: &mut Endpoint, ids: &[CommId], wait: Duration) {
         for &id in ids {
             if self.agent.state(id) == Some(CmState::Established) {
@@ -597,7 +604,14 @@ impl Cm {
                 let _ = self.agent.disconnect(now, id);
             }
         }
-        self.linger(ep, ids, wait);
+        self.linger(ep, ids, wait.max(self.dreq_patience()));
+    }
+
+    /// How long an unanswered DREQ is worth waiting for: two of the agent's retransmissions
+    /// (4.096 µs × 2^`cm_response_timeout` apart: 4.3 s for Linux's and our 20) and a second.
+    pub(crate) fn dreq_patience(&self) -> Duration {
+        Duration::from_nanos(2 * timeout_nanos(self.agent.cm_response_timeout))
+            + Duration::from_secs(1)
     }
 
     /// Keeps answering (DREQs, repeated MADs) until none of `ids` is established or
@@ -618,8 +632,28 @@ impl Cm {
                 break;
             }
         }
-        // Let the last answers (DREP, ACKs) leave.
-        let end = Instant::now() + Duration::from_millis(50);
+        // Let the last answers (DREP, ACKs) leave. Where our port drops frames on purpose
+        // (`--loss`), a DREP we sent may be one of them: the peer then sends its DREQ again after
+        // waiting the CM response timeout we announced (4.3 s) and, unanswered, goes on through
+        // all its retries (Linux: 15, over a minute) before it gives up; perftest's client sat
+        // that long in `rdma_get_cm_event`. A kernel CM answers such repeats after the process
+        // has gone; once a run, when every connection is closed, we stay that long instead.
+        let closed = !ids.iter().any(|&id| {
+            matches!(
+                self.agent.state(id),
+                Some(CmState::Established | CmState::DreqSent)
+            )
+        });
+        let tail = if closed && !self.time_wait_served && ep.engine.port().impaired() {
+            self.time_wait_served = true;
+            // Linux waits 2 × the path's packet lifetime more (ib_cm's timeout_ms; 0.5 s for
+            // rdma_cm's RoCE lifetime): a second covers it.
+            Duration::from_nanos(timeout_nanos(self.agent.cm_response_timeout))
+                + Duration::from_secs(1)
+        } else {
+            Duration::from_millis(50)
+        };
+        let end = Instant::now() + tail;
         while Instant::now() < end {
             if self.pump(ep).is_err() {
                 break;

@@ -98,3 +98,127 @@ fn both_sides_keep_initiator_depth_and_responder_resources_apart() {
         "client: (max_rd_atomic, max_dest_rd_atomic)"
     );
 }
+
+/// A pipe end that drops the first `drops` CM DREPs it sends and says it is impaired, as a port
+/// with `--loss` does.
+struct DropDrep {
+    inner: PipePort,
+    drops: u32,
+    dropped: std::sync::Arc<std::sync::atomic::AtomicU32>,
+}
+
+fn is_drep(frame: &[u8]) -> bool {
+    let Ok(p) = rocemu_wire::frame::parse_frame(frame) else {
+        return false;
+    };
+    matches!(
+        rocemu_wire::cm::CmMadRepr::parse(p.payload),
+        Ok(m) if matches!(m.msg, rocemu_wire::cm::CmMessage::Drep(_))
+    )
+}
+
+impl rocemu_emulator::port::Port for DropDrep {
+    fn rx_burst(&mut self, max: usize, f: &mut dyn FnMut(&mut [u8])) -> usize {
+        self.inner.rx_burst(max, f)
+    }
+    fn tx_burst(&mut self, max: usize, fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>) -> usize {
+        let (drops, dropped) = (self.drops, self.dropped.clone());
+        self.inner.tx_burst(max, &mut |buf| loop {
+            let n = fill(buf)?;
+            let gone = dropped.load(std::sync::atomic::Ordering::Relaxed);
+            if gone < drops && is_drep(&buf[..n]) {
+                dropped.store(gone + 1, std::sync::atomic::Ordering::Relaxed);
+                continue;
+            }
+            return Some(n);
+        })
+    }
+    fn mac(&self) -> Mac {
+        self.inner.mac()
+    }
+    fn frame_capacity(&self) -> usize {
+        self.inner.frame_capacity()
+    }
+    fn stats(&self) -> rocemu_emulator::port::PortStats {
+        self.inner.stats()
+    }
+    fn name(&self) -> String {
+        "drop-drep".into()
+    }
+    fn impaired(&self) -> bool {
+        true
+    }
+}
+
+#[test]
+fn a_lost_drep_is_answered_again_before_the_server_goes() {
+    // The client disconnects; the server's DREP to it is lost on the server's (impaired) port.
+    // The client resends its DREQ after the CM response timeout; the server, which has closed
+    // its side and would otherwise be gone, is still there to answer it, so the client's
+    // disconnect completes instead of waiting through every retry. (perftest's client, against
+    // `rocemu perf --rdma-cm --loss`, sat in `rdma_get_cm_event` until killed.) Response
+    // timeout 16 (268 ms) on both ends keeps the test short.
+    let (pa, pb) = pipe(Mac([2, 0, 0, 0, 77, 1]), Mac([2, 0, 0, 0, 77, 2]), 1500);
+    let dropped = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let port = DropDrep {
+        inner: pa,
+        drops: 1,
+        dropped: dropped.clone(),
+    };
+    let server = std::thread::spawn(move || {
+        let ip = IpAddr::V4(Ipv4Addr::new(10, 77, 0, 1));
+        let mut cfg = RnicConfig::new(Mac([2, 0, 0, 0, 77, 1]), ip, 1);
+        cfg.eth_mtu = 1500;
+        let mut ep = Endpoint {
+            rnic: Rnic::new(cfg),
+            engine: Engine::new(Box::new(port)),
+        };
+        let qpn = rc_qp(&mut ep);
+        let mut cm = Cm::new(&mut ep).unwrap();
+        cm.agent.cm_response_timeout = 16;
+        cm.listen(7472);
+        let conn = cm
+            .accept_rc(&mut ep, &side(qpn, 1, 1), Duration::from_secs(20), |_| {
+                Ok(())
+            })
+            .unwrap();
+        let t = Instant::now();
+        cm.linger(&mut ep, &[conn.id], Duration::from_secs(10));
+        (t.elapsed(), cm.agent.state(conn.id))
+    });
+    let mut ep = endpoint(pb, 2);
+    let qpn = rc_qp(&mut ep);
+    let mut cm = Cm::new(&mut ep).unwrap();
+    cm.agent.cm_response_timeout = 16;
+    let server_ip = IpAddr::V4(Ipv4Addr::new(10, 77, 0, 1));
+    let conn = cm
+        .connect_rc(&mut ep, server_ip, 7472, &side(qpn, 1, 1), 50)
+        .unwrap();
+    cm.disconnect_all(&mut ep, &[conn.id], Duration::from_secs(1));
+    let client_state = cm.agent.state(conn.id);
+    // Keep the client's port turning until the server is done.
+    while !server.is_finished() {
+        let w = ep.engine.poll(&mut ep.rnic);
+        ep.engine.idle(w);
+    }
+    let (server_lingered, server_state) = server.join().unwrap();
+    assert_eq!(
+        dropped.load(std::sync::atomic::Ordering::Relaxed),
+        1,
+        "one DREP was dropped"
+    );
+    assert!(
+        !matches!(client_state, Some(CmState::Established | CmState::DreqSent)),
+        "the client's DREQ was answered at its retry: {client_state:?}"
+    );
+    assert!(
+        !matches!(server_state, Some(CmState::Established | CmState::DreqSent)),
+        "the server closed: {server_state:?}"
+    );
+    // It stayed one response timeout (268 ms) and the margin, not just the 50 ms of an
+    // unimpaired port.
+    assert!(
+        server_lingered >= Duration::from_millis(268),
+        "the server stayed {server_lingered:?}"
+    );
+}
