@@ -5,8 +5,9 @@
 //! latest: the client's requester timed out. Two endpoints in one process over a pipe, the
 //! server's first READ response lost on the way out.
 use rocemu_emulator::engine::Engine;
-use rocemu_emulator::port::pipe::{pipe, PipePort};
-use rocemu_emulator::port::{Port, PortStats};
+use rocemu_emulator::port::impair::LoseFirst;
+use rocemu_emulator::port::pipe::pipe;
+use rocemu_emulator::port::Port;
 use rocemu_emulator::rnic::{Mtu, Rnic, RnicConfig};
 use rocemu_tools::perf::Test;
 use rocemu_tools::remote::{perf, Endpoint, PerfOpts};
@@ -14,18 +15,11 @@ use rocemu_wire::eth::Mac;
 use rocemu_wire::frame::parse_frame;
 use rocemu_wire::Opcode;
 use std::net::{IpAddr, Ipv4Addr, TcpListener};
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 fn free_tcp_port() -> u16 {
     let l = TcpListener::bind(("0.0.0.0", 0)).unwrap();
     l.local_addr().unwrap().port()
-}
-
-/// A pipe end that loses the first RDMA READ response it is asked to send.
-struct LoseFirstReadResponse {
-    inner: PipePort,
-    lost: Arc<AtomicU32>,
 }
 
 fn is_read_response(f: &[u8]) -> bool {
@@ -35,40 +29,6 @@ fn is_read_response(f: &[u8]) -> bool {
             Opcode::RC_RDMA_READ_RESPONSE_ONLY | Opcode::RC_RDMA_READ_RESPONSE_FIRST
         )
     })
-}
-
-impl Port for LoseFirstReadResponse {
-    fn rx_burst(&mut self, max: usize, f: &mut dyn FnMut(&mut [u8])) -> usize {
-        self.inner.rx_burst(max, f)
-    }
-
-    fn tx_burst(&mut self, max: usize, fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>) -> usize {
-        let lost = &self.lost;
-        self.inner.tx_burst(max, &mut |buf| loop {
-            let n = fill(buf)?;
-            if lost.load(Ordering::Relaxed) == 0 && is_read_response(&buf[..n]) {
-                lost.fetch_add(1, Ordering::Relaxed);
-                continue;
-            }
-            return Some(n);
-        })
-    }
-
-    fn mac(&self) -> Mac {
-        self.inner.mac()
-    }
-
-    fn frame_capacity(&self) -> usize {
-        self.inner.frame_capacity()
-    }
-
-    fn stats(&self) -> PortStats {
-        self.inner.stats()
-    }
-
-    fn name(&self) -> String {
-        self.inner.name()
-    }
 }
 
 /// Endpoint 10.11.0.`last` (MAC 02:00:00:00:0b:`last`) on `port`, Ethernet MTU 1500.
@@ -106,11 +66,8 @@ fn opts(server: Option<String>, port: u16, out_reads: Option<u16>) -> PerfOpts {
 fn a_peer_advertising_one_read_still_gets_its_lost_read_re_executed() {
     let port = free_tcp_port();
     let (pa, pb) = pipe(Mac([2, 0, 0, 0, 11, 1]), Mac([2, 0, 0, 0, 11, 2]), 1500);
-    let lost = Arc::new(AtomicU32::new(0));
-    let server_port = LoseFirstReadResponse {
-        inner: pa,
-        lost: lost.clone(),
-    };
+    let server_port = LoseFirst::new(pa, 1, is_read_response);
+    let lost = server_port.lost();
     let so = opts(None, port, None);
     let s = std::thread::spawn(move || perf(&mut endpoint(Box::new(server_port), 1), &so));
     // The client: perftest's `ib_read_bw -o 1`, it accepts one read as responder.

@@ -11,6 +11,8 @@ use crate::inproc::Impairments;
 use crate::rng::Rng;
 use rocemu_wire::eth::Mac;
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 
 /// What the impairments did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -224,6 +226,92 @@ impl Port for NullPort {
     }
 }
 
+/// A port that loses the first `n` frames it is asked to send that `pick` chooses, and nothing
+/// else: the one lost READ response or DREP a test wants, where seeded random loss would need
+/// luck. It says it is [`impaired`](Port::impaired), as a port with `--loss` does.
+pub struct LoseFirst<P> {
+    inner: P,
+    pick: fn(&[u8]) -> bool,
+    n: u32,
+    lost: Arc<AtomicU32>,
+}
+
+impl<P: Port> std::fmt::Debug for LoseFirst<P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoseFirst")
+            .field("inner", &self.inner.name())
+            .field("n", &self.n)
+            .field("lost", &self.lost)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<P: Port> LoseFirst<P> {
+    pub fn new(inner: P, n: u32, pick: fn(&[u8]) -> bool) -> LoseFirst<P> {
+        LoseFirst {
+            inner,
+            pick,
+            n,
+            lost: Arc::default(),
+        }
+    }
+
+    /// How many it has lost so far, readable after the port has moved into an engine.
+    pub fn lost(&self) -> Arc<AtomicU32> {
+        self.lost.clone()
+    }
+}
+
+impl<P: Port> Port for LoseFirst<P> {
+    fn rx_burst(&mut self, max: usize, f: &mut dyn FnMut(&mut [u8])) -> usize {
+        self.inner.rx_burst(max, f)
+    }
+
+    fn tx_burst(&mut self, max: usize, fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>) -> usize {
+        let (pick, n, lost) = (self.pick, self.n, &self.lost);
+        self.inner.tx_burst(max, &mut |buf| loop {
+            let len = fill(buf)?;
+            if lost.load(Ordering::Relaxed) < n && pick(&buf[..len]) {
+                lost.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            return Some(len);
+        })
+    }
+
+    fn flush(&mut self) -> bool {
+        self.inner.flush()
+    }
+
+    fn mac(&self) -> Mac {
+        self.inner.mac()
+    }
+
+    fn frame_capacity(&self) -> usize {
+        self.inner.frame_capacity()
+    }
+
+    fn mtu(&self) -> usize {
+        self.inner.mtu()
+    }
+
+    fn stats(&self) -> PortStats {
+        self.inner.stats()
+    }
+
+    fn name(&self) -> String {
+        self.inner.name()
+    }
+
+    fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.inner.wait_fd()
+    }
+
+    fn impaired(&self) -> bool {
+        true
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -273,5 +361,26 @@ mod tests {
             "{} {s:?}",
             sorted.len()
         );
+    }
+
+    #[test]
+    fn lose_first_loses_exactly_the_first_n_picked_frames() {
+        let (a, mut b) = pipe(Mac([2, 0, 0, 0, 0, 1]), Mac([2, 0, 0, 0, 0, 2]), 1500);
+        // Frames are one byte each, numbered 0..10; the odd ones are picked, two are lost.
+        let mut p = LoseFirst::new(a, 2, |f| f[0] % 2 == 1);
+        let lost = p.lost();
+        let mut next = 0u8;
+        p.tx_burst(16, &mut |buf| {
+            (next < 10).then(|| {
+                buf[0] = next;
+                next += 1;
+                1
+            })
+        });
+        let mut got = Vec::new();
+        b.rx_burst(16, &mut |f| got.push(f[0]));
+        assert_eq!(got, [0, 2, 4, 5, 6, 7, 8, 9]);
+        assert_eq!(lost.load(Ordering::Relaxed), 2);
+        assert!(p.impaired());
     }
 }

@@ -3,6 +3,7 @@
 //! that differ).
 use super::*;
 use rocemu_emulator::engine::Engine;
+use rocemu_emulator::port::impair::LoseFirst;
 use rocemu_emulator::port::pipe::{pipe, PipePort};
 use std::net::Ipv4Addr;
 
@@ -99,55 +100,13 @@ fn both_sides_keep_initiator_depth_and_responder_resources_apart() {
     );
 }
 
-/// A pipe end that drops the first `drops` CM DREPs it sends and says it is impaired, as a port
-/// with `--loss` does.
-struct DropDrep {
-    inner: PipePort,
-    drops: u32,
-    dropped: std::sync::Arc<std::sync::atomic::AtomicU32>,
-}
-
 fn is_drep(frame: &[u8]) -> bool {
-    let Ok(p) = rocemu_wire::frame::parse_frame(frame) else {
-        return false;
-    };
-    matches!(
-        rocemu_wire::cm::CmMadRepr::parse(p.payload),
-        Ok(m) if matches!(m.msg, rocemu_wire::cm::CmMessage::Drep(_))
-    )
-}
-
-impl rocemu_emulator::port::Port for DropDrep {
-    fn rx_burst(&mut self, max: usize, f: &mut dyn FnMut(&mut [u8])) -> usize {
-        self.inner.rx_burst(max, f)
-    }
-    fn tx_burst(&mut self, max: usize, fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>) -> usize {
-        let (drops, dropped) = (self.drops, self.dropped.clone());
-        self.inner.tx_burst(max, &mut |buf| loop {
-            let n = fill(buf)?;
-            let gone = dropped.load(std::sync::atomic::Ordering::Relaxed);
-            if gone < drops && is_drep(&buf[..n]) {
-                dropped.store(gone + 1, std::sync::atomic::Ordering::Relaxed);
-                continue;
-            }
-            return Some(n);
-        })
-    }
-    fn mac(&self) -> Mac {
-        self.inner.mac()
-    }
-    fn frame_capacity(&self) -> usize {
-        self.inner.frame_capacity()
-    }
-    fn stats(&self) -> rocemu_emulator::port::PortStats {
-        self.inner.stats()
-    }
-    fn name(&self) -> String {
-        "drop-drep".into()
-    }
-    fn impaired(&self) -> bool {
-        true
-    }
+    rocemu_wire::frame::parse_frame(frame).is_ok_and(|p| {
+        matches!(
+            rocemu_wire::cm::CmMadRepr::parse(p.payload),
+            Ok(m) if matches!(m.msg, rocemu_wire::cm::CmMessage::Drep(_))
+        )
+    })
 }
 
 #[test]
@@ -159,12 +118,8 @@ fn a_lost_drep_is_answered_again_before_the_server_goes() {
     // `rocemu perf --rdma-cm --loss`, sat in `rdma_get_cm_event` until killed.) Response
     // timeout 16 (268 ms) on both ends keeps the test short.
     let (pa, pb) = pipe(Mac([2, 0, 0, 0, 77, 1]), Mac([2, 0, 0, 0, 77, 2]), 1500);
-    let dropped = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
-    let port = DropDrep {
-        inner: pa,
-        drops: 1,
-        dropped: dropped.clone(),
-    };
+    let port = LoseFirst::new(pa, 1, is_drep);
+    let dropped = port.lost();
     let server = std::thread::spawn(move || {
         let ip = IpAddr::V4(Ipv4Addr::new(10, 77, 0, 1));
         let mut cfg = RnicConfig::new(Mac([2, 0, 0, 0, 77, 1]), ip, 1);
