@@ -5,7 +5,7 @@
  *
  *     gcc -O2 -Wall -Wextra -Werror -o cm_check tests/c/cm_check.c -lrdmacm -libverbs
  *     cm_check -s [-b ADDR] [-p PORT]                 server
- *     cm_check -c SERVER -u UNANSWERED [-p PORT]      client
+ *     cm_check -c SERVER -u UNANSWERED [-p PORT] [-g] client
  *
  * The client, in order (the server serves (a), (b) and the closing "bye" on PORT):
  *   (e) the event channel's fd is a real descriptor: with O_NONBLOCK, rdma_get_cm_event fails
@@ -25,6 +25,11 @@
  *       timeout: RDMA_CM_EVENT_ADDR_ERROR with status -ETIMEDOUT (Linux's addr.c
  *       process_one_req once the deadline passes), not before 400 ms nor after 2000 ms;
  * and last a connection whose private data says "bye", which the server rejects and exits.
+ * With -g (RoCEmu's drop-in only: with rdma-core's librdmacm this is a use after free):
+ *   (g) rdma_get_cm_event on a channel just destroyed waits (after 300 ms its thread is still in
+ *       it) instead of failing: Debian's rping (rdma-core before f3ae6534a) destroys the channel
+ *       while its CM thread may be between two calls, and exits 255 after a good run if the
+ *       call fails.
  * Every event waited for has a deadline. Prints "ok [side] ..." per check; "FAILED [side] ..."
  * and exit status 1 on the first failure.
  */
@@ -33,6 +38,7 @@
 #include <fcntl.h>
 #include <netdb.h>
 #include <poll.h>
+#include <pthread.h>
 #include <rdma/rdma_cma.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -310,7 +316,36 @@ static void expect_reject(struct rdma_event_channel *ch, struct rdma_cm_id *id, 
 	rdma_ack_cm_event(ev);
 }
 
-static int client(const char *server_addr, const char *unanswered, const char *port)
+static volatile int gone_returned, gone_errno;
+
+static void *gone_waiter(void *ch)
+{
+	struct rdma_cm_event *ev;
+	rdma_get_cm_event(ch, &ev);
+	gone_errno = errno;
+	gone_returned = 1;
+	return NULL;
+}
+
+static void check_gone_channel(void)
+{
+	struct rdma_event_channel *ch = rdma_create_event_channel();
+	if (!ch)
+		fail("(g) rdma_create_event_channel: %s", strerror(errno));
+	rdma_destroy_event_channel(ch);
+	pthread_t t;
+	if (pthread_create(&t, NULL, gone_waiter, ch))
+		fail("(g) pthread_create");
+	struct timespec d = {0, 300 * 1000 * 1000};
+	nanosleep(&d, NULL);
+	if (gone_returned)
+		fail("(g) rdma_get_cm_event on a destroyed channel returned (errno %d): want a wait",
+		     gone_errno);
+	pthread_detach(t);
+	ok("(g) rdma_get_cm_event on a destroyed channel: still waiting after 300 ms");
+}
+
+static int client(const char *server_addr, const char *unanswered, const char *port, int gone_check)
 {
 	struct addrinfo *srv = address(server_addr, port, 0);
 
@@ -433,6 +468,8 @@ static int client(const char *server_addr, const char *unanswered, const char *p
 	destroy_all(id, &o);
 	freeaddrinfo(srv);
 	rdma_destroy_event_channel(ch);
+	if (gone_check)
+		check_gone_channel();
 	ok("done");
 	return 0;
 }
@@ -440,15 +477,15 @@ static int client(const char *server_addr, const char *unanswered, const char *p
 static void usage(void)
 {
 	fprintf(stderr, "usage: cm_check -s [-b ADDR] [-p PORT]\n"
-			"       cm_check -c SERVER -u UNANSWERED [-p PORT]\n");
+			"       cm_check -c SERVER -u UNANSWERED [-p PORT] [-g]\n");
 	exit(2);
 }
 
 int main(int argc, char **argv)
 {
 	const char *addr = NULL, *unanswered = NULL, *port = "7472";
-	int srv = -1, op;
-	while ((op = getopt(argc, argv, "sc:b:u:p:")) != -1) {
+	int srv = -1, op, gone = 0;
+	while ((op = getopt(argc, argv, "sc:b:u:p:g")) != -1) {
 		switch (op) {
 		case 's':
 			srv = 1;
@@ -466,6 +503,9 @@ int main(int argc, char **argv)
 		case 'p':
 			port = optarg;
 			break;
+		case 'g':
+			gone = 1;
+			break;
 		default:
 			usage();
 		}
@@ -474,5 +514,5 @@ int main(int argc, char **argv)
 		usage();
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	role = srv ? "server" : "client";
-	return srv ? server(addr, port) : client(addr, unanswered, port);
+	return srv ? server(addr, port) : client(addr, unanswered, port, gone);
 }

@@ -137,6 +137,7 @@ fn make_channel(s: &mut Service) -> Result<*mut rdma_event_channel, c_int> {
     let fd = new_eventfd()?;
     let ch = Box::into_raw(Box::new(rdma_event_channel { fd }));
     s.queues.insert(ch as usize, Default::default());
+    s.gone_channels.retain(|&c| c != ch as usize);
     super::live::add(super::live::CHANNELS, 1);
     Ok(ch)
 }
@@ -149,6 +150,24 @@ fn free_channel(s: &mut Service, ch: *mut rdma_event_channel) {
         // SAFETY: its own eventfd.
         unsafe { libc::close(b.fd) };
         super::live::add(super::live::CHANNELS, -1);
+        if s.gone_channels.len() == GONE_CHANNELS {
+            s.gone_channels.pop_front();
+        }
+        s.gone_channels.push_back(ch as usize);
+    }
+}
+
+/// How many destroyed channels [`rdma_get_cm_event`] still recognises.
+pub(super) const GONE_CHANNELS: usize = 64;
+
+/// `rdma_get_cm_event` on a channel the program has destroyed: wait for good, as a thread that
+/// was already waiting does. Debian's rping (rdma-core before f3ae6534a, "rping: terminate CM
+/// event thread before exiting") destroys the channel while its CM thread may be between two
+/// calls; with the kernel's rdma_cm that call reads freed memory and fails, rarely, and rping
+/// exits 255 after a good run. The process is ending; a thread parked here ends with it.
+fn wait_on_gone_channel() -> ! {
+    loop {
+        std::thread::park();
     }
 }
 
@@ -196,7 +215,13 @@ pub extern "C" fn rdma_get_cm_event(
         // descriptor again) rather than read a descriptor number reused for something else.
         let fd = {
             let (_, mut g) = tri!(locked());
-            if !svc(&mut g).queues.contains_key(&(ch as usize)) {
+            let s = svc(&mut g);
+            if !s.queues.contains_key(&(ch as usize)) {
+                let gone = s.gone_channels.contains(&(ch as usize));
+                drop(g);
+                if gone {
+                    wait_on_gone_channel();
+                }
                 return err(EINVAL);
             }
             // SAFETY: a live channel of ours (checked under the lock); dup takes no pointers.

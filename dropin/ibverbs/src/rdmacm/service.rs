@@ -255,6 +255,9 @@ pub struct Service {
     pub listeners: HashMap<u64, usize>,
     /// Channel → its unread events.
     pub queues: HashMap<usize, VecDeque<Box<Ev>>>,
+    /// The addresses of the last [`GONE_CHANNELS`] channels destroyed (bounded): a thread that
+    /// calls `rdma_get_cm_event` on one waits there, as a thread already waiting does.
+    pub gone_channels: VecDeque<usize>,
     unresolved: Vec<Unresolved>,
     /// Connection requests (REQ, SIDR_REQ) whose sender's MAC is being asked for: handed to the
     /// program once it answers ARP / ND (an answer could not reach it before), forgotten after
@@ -298,6 +301,7 @@ impl Service {
             by_comm: HashMap::new(),
             listeners: HashMap::new(),
             queues: HashMap::new(),
+            gone_channels: VecDeque::new(),
             unresolved: Vec::new(),
             backlog: VecDeque::new(),
             waiting_reqs: VecDeque::new(),
