@@ -39,4 +39,12 @@ pub mod stats;
 pub mod time;
 
 pub use rnic::Rnic;
+
+/// What a connection refused for GIDs of different IP versions (`gid_type_mismatch`) tells its
+/// user: the usual cause and its fix.
+pub const GID_INDEX_HINT: &str = "Both ends' GID indexes must name addresses of one IP version: \
+    on rdma_rxe and mlx5 (and RoCEmu's drop-in libibverbs) GID index 0 is the IPv6 link-local \
+    address and 1 the first IPv4 one (`ibv_devinfo -v` lists them); for IPv4 give the tool \
+    there -x 1 (perftest) or -g 1 (ibv_*_pingpong), or give RoCEmu an address of the peer's \
+    version (--ip)";
 pub use time::Nanos;

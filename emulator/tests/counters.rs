@@ -301,6 +301,41 @@ fn wrong_gid_index_is_rx_drop_wrong_src_then_retry_exceeded() {
     assert_eq!(qa.counters.retransmitted_pkts, 2);
 }
 
+#[test]
+fn a_gid_of_the_other_ip_version_is_one_gid_type_mismatch_and_nothing_on_the_wire() {
+    // rdma_rxe's GID 0 is its IPv6 link-local address: a peer whose tool was given index 0
+    // sends that GID, and this RNIC's QP (source GID index 0, IPv4) is told to reach it. The RTR
+    // is refused, counted once, and the message names the counter and the usual fix.
+    let mut a = Rnic::new(RnicConfig::new(MAC_A, IP_A, 7));
+    let v6: IpAddr = "fe80::5054:ff:fe99:1".parse().unwrap();
+    a.set_neighbor(v6, MAC_B);
+    let cap = BedCfg::new(QpType::Rc).cap;
+    let ea = end(&mut a, QpType::Rc, true, cap);
+    let o = rocemu_emulator::connect::ConnectOpts::default();
+    let before = a.counters();
+    let e =
+        rocemu_emulator::connect::bring_up(&mut a, ea.qp, Qpn::new(0x12), v6, o.psn_a, o.psn_b, &o)
+            .unwrap_err()
+            .to_string();
+    assert_eq!(
+        delta(&before, &a.counters()),
+        want(&[("gid_type_mismatch", 1)])
+    );
+    assert!(e.contains("source GID index 0 is 10.0.0.1 (IPv4) and the destination GID is fe80::5054:ff:fe99:1 (IPv6)"), "{e}");
+    assert!(e.contains("gid_type_mismatch") && e.contains("-g 1"), "{e}");
+    assert_eq!(a.qp_infos()[0].state, QpState::Init);
+    assert!(a
+        .counters()
+        .error_lines("")
+        .contains("gid_type_mismatch 1\n"));
+    let mut buf = [0u8; 4096];
+    assert_eq!(
+        a.poll_transmit(rocemu_emulator::Nanos::ZERO, &mut buf),
+        None,
+        "nothing goes on the wire"
+    );
+}
+
 // ---- traffic -------------------------------------------------------------------------------
 
 #[test]

@@ -567,3 +567,23 @@ fn sleeping_engines_wake_on_frames_and_on_the_doorbell() {
         eb.sleeps()
     );
 }
+
+#[test]
+fn a_peer_of_an_ip_version_this_rnic_has_no_address_of_is_one_gid_type_mismatch() {
+    // An IPv4-only RNIC told to reach rdma_rxe's GID 0 (its IPv6 link-local address): the
+    // engine refuses at once, without asking anyone, counts it, and says what to change.
+    let (pa, _pb) = pipe(MAC_A, MAC_B, 1500);
+    let mut ra = Rnic::new(RnicConfig::new(MAC_A, ips(1)[0], 1));
+    let mut ea = Engine::new(Box::new(pa));
+    let e = ea
+        .resolve(
+            &mut ra,
+            "fe80::5054:ff:fe99:1".parse().unwrap(),
+            Duration::from_secs(5),
+        )
+        .unwrap_err();
+    assert!(e.contains("no IPv6 address (gid_type_mismatch)"), "{e}");
+    assert!(e.contains("-x 1"), "{e}");
+    assert_eq!(ra.counters().gid_type_mismatch, 1);
+    assert_eq!(ea.stats().nd_solicits_sent, 0);
+}

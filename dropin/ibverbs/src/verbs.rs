@@ -1382,7 +1382,11 @@ pub extern "C" fn ibv_modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c
         if m.contains(QpAttrMask::PORT) && a.port_num != 1 {
             return EINVAL;
         }
-        let r = n.lock().rnic.modify_qp(q.qpn, &x, m);
+        let mut g = n.lock();
+        let mismatches = g.rnic.counters().gid_type_mismatch;
+        let r = g.rnic.modify_qp(q.qpn, &x, m);
+        let mismatched = g.rnic.counters().gid_type_mismatch != mismatches;
+        drop(g);
         match r {
             Ok(()) => {
                 if m.contains(QpAttrMask::STATE) {
@@ -1390,7 +1394,15 @@ pub extern "C" fn ibv_modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c
                 }
                 0
             }
-            Err(e) => errno_of(&e),
+            Err(e) => {
+                // The most common interop mistake gets a line of its own: the program itself
+                // only learns EINVAL (perftest and ibv_*_pingpong say "Failed to modify QP to
+                // RTR").
+                if mismatched {
+                    eprintln!("rocemu: ibv_modify_qp: {e}");
+                }
+                errno_of(&e)
+            }
         }
     })
 }

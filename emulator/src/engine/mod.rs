@@ -681,7 +681,11 @@ impl State {
         let n = match ip {
             IpAddr::V4(t) => {
                 let Some(IpAddr::V4(me)) = rnic.ips().iter().copied().find(IpAddr::is_ipv4) else {
-                    return Err(format!("cannot reach {ip}: this RNIC has no IPv4 address"));
+                    rnic.count_gid_type_mismatch();
+                    return Err(format!(
+                        "cannot reach {ip}: this RNIC has no IPv4 address (gid_type_mismatch). {}",
+                        crate::GID_INDEX_HINT
+                    ));
                 };
                 self.stats.arp_requests_sent += 1;
                 ArpRepr {
@@ -695,7 +699,11 @@ impl State {
             }
             IpAddr::V6(t) => {
                 let Some(IpAddr::V6(me)) = rnic.ips().iter().copied().find(IpAddr::is_ipv6) else {
-                    return Err(format!("cannot reach {ip}: this RNIC has no IPv6 address"));
+                    rnic.count_gid_type_mismatch();
+                    return Err(format!(
+                        "cannot reach {ip}: this RNIC has no IPv6 address (gid_type_mismatch). {}",
+                        crate::GID_INDEX_HINT
+                    ));
                 };
                 self.stats.nd_solicits_sent += 1;
                 let dst = nd::solicited_node(t);

@@ -230,6 +230,13 @@ pub struct Counters {
     /// RoCEmu: asynchronous events dropped because nobody polled them
     /// ([`ASYNC_EVENTS_MAX`](super::ASYNC_EVENTS_MAX) queued).
     pub async_events_dropped: u64,
+    /// RoCEmu: connections refused before anything went on the wire because the two ends' GIDs
+    /// are of different IP versions (an RTR whose source GID index names an address of the
+    /// other version than the destination GID; a peer whose GID is of a version this RNIC has
+    /// no address of): the wrong GID index at either end. With rdma_rxe or mlx5 as the peer,
+    /// whose GID index 0 is the IPv6 link-local address, this is the usual mistake (their
+    /// perftest says "Found Incompatibility issue with GID types").
+    pub gid_type_mismatch: u64,
 }
 
 /// Everything but the QPs, so that a QP and the device can be borrowed at once.
@@ -482,6 +489,11 @@ impl Rnic {
     }
     pub fn counters(&self) -> Counters {
         self.dev.counters
+    }
+    /// Counts a peer reached through a GID of an IP version this RNIC has no address of (the
+    /// engine's address resolution finds it out before any verb does).
+    pub(crate) fn count_gid_type_mismatch(&mut self) {
+        self.dev.counters.gid_type_mismatch += 1;
     }
     /// Tells the RNIC the MAC of a peer address (the engine's neighbour table feeds this, on
     /// every confirmation; a program may set static entries). The RNIC keeps at most

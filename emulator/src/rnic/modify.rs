@@ -40,7 +40,7 @@ impl Rnic {
         }
         state::check_transition(qp.qp_type, cur, new, mask.union(QpAttrMask::STATE))?;
         check_values(&self.dev, &self.attr, attr, mask)?;
-        let dmac = peer_mac(&self.dev, qp, attr, mask)?;
+        let dmac = peer_mac(&mut self.dev, qp, attr, mask)?;
         // Every check passed: from here on the call succeeds.
         apply_attrs(qp, attr, mask, dmac);
         enter_state(&mut self.dev, qp, new);
@@ -116,7 +116,7 @@ fn check_values(
 
 /// The MAC the QP's packets go to: the new address vector's (resolved now, so that a peer
 /// without one fails the call), or the one the QP has.
-fn peer_mac(dev: &Dev, qp: &Qp, attr: &QpAttr, mask: QpAttrMask) -> Result<Mac, VerbsError> {
+fn peer_mac(dev: &mut Dev, qp: &Qp, attr: &QpAttr, mask: QpAttrMask) -> Result<Mac, VerbsError> {
     let mut dmac = qp.dmac;
     if mask.contains(QpAttrMask::AV) {
         let sgid = attr.ah_attr.sgid_index as usize;
@@ -124,7 +124,16 @@ fn peer_mac(dev: &Dev, qp: &Qp, attr: &QpAttr, mask: QpAttrMask) -> Result<Mac, 
             return invalid(format!("sgid_index {sgid} beyond the GID table"));
         };
         if src.is_ipv4() != attr.ah_attr.dgid.is_v4() {
-            return invalid("source and destination GIDs are of different IP versions");
+            dev.counters.gid_type_mismatch += 1;
+            let v = |ip: &std::net::IpAddr| if ip.is_ipv4() { "IPv4" } else { "IPv6" };
+            let dst = attr.ah_attr.dgid.ip();
+            return invalid(format!(
+                "source GID index {sgid} is {src} ({}) and the destination GID is {dst} ({}): \
+                 GIDs of different IP versions (gid_type_mismatch). {}",
+                v(src),
+                v(&dst),
+                crate::GID_INDEX_HINT
+            ));
         }
         dmac = match dev.resolve(&attr.ah_attr) {
             Some(m) => m,

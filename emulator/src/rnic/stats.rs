@@ -113,6 +113,7 @@ impl Counters {
             // device
             ("cq_overflow", self.cq_overflow),
             ("async_events_dropped", self.async_events_dropped),
+            ("gid_type_mismatch", self.gid_type_mismatch),
         ]
     }
 

@@ -161,7 +161,23 @@ pub fn pingpong_client_on(
 ) -> OobResult<PingpongDest> {
     let mut msgs = MsgStream::new(stream, cfg.io_timeout);
     msgs.send(&my.to_wire(), "our pingpong address")?;
-    let msg = msgs.recv(PINGPONG_MSG_LEN, "the server's pingpong address")?;
+    let msg = msgs
+        .recv(PINGPONG_MSG_LEN, "the server's pingpong address")
+        .map_err(|e| match e.kind() {
+            // The real server closes unanswered when it cannot move its QP to RTR with our
+            // address ("Failed to modify QP to RTR"): most often a GID of the other IP version.
+            OobErrorKind::Closed => OobError::new(
+                OobErrorKind::Closed,
+                format!(
+                    "{}: the server could not connect its QP to ours (its output says why; \
+                     \"Failed to modify QP to RTR\" there is most often GIDs of two IP \
+                     versions). {}",
+                    e.message(),
+                    rocemu_emulator::GID_INDEX_HINT
+                ),
+            ),
+            _ => e,
+        })?;
     msgs.send(PINGPONG_DONE, "\"done\"")?;
     let _ = msgs.stream.shutdown(Shutdown::Both);
     PingpongDest::from_wire(&msg)
