@@ -39,6 +39,57 @@ fn rate(bits_per_s: f64) -> String {
     }
 }
 
+/// Columns of the goodput-over-time line at most.
+const GOODPUT_COLUMNS: usize = 48;
+
+/// Goodput over time as one text line: the QP's buckets from its first payload to its last,
+/// merged into at most [`GOODPUT_COLUMNS`] columns, each drawn as one of eight bar heights
+/// relative to the busiest (a blank column: nothing moved, a stall), then the busiest and the
+/// quietest column with their start times. `None` when nothing moved.
+pub(super) fn goodput_over_time(b: &super::window::Buckets) -> Option<String> {
+    const BARS: [char; 8] = ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
+    let first = b.bytes.iter().position(|&x| x > 0)?;
+    let last = b.bytes.iter().rposition(|&x| x > 0)?;
+    let span = &b.bytes[first..=last];
+    let per = span.len().div_ceil(GOODPUT_COLUMNS);
+    // Each column's rate over its own width (the last may hold fewer buckets).
+    let cols: Vec<(u64, f64)> = span
+        .chunks(per)
+        .enumerate()
+        .map(|(i, c)| {
+            let t = (first + i * per) as u64 * b.width_ns;
+            let w = secs(c.len() as u64 * b.width_ns);
+            (t, c.iter().sum::<u64>() as f64 * 8.0 / w)
+        })
+        .collect();
+    let max = cols.iter().map(|c| c.1).fold(0.0, f64::max);
+    let bars: String = cols
+        .iter()
+        .map(|&(_, r)| {
+            if r <= 0.0 {
+                ' '
+            } else {
+                BARS[((r / max * 8.0).ceil() as usize).clamp(1, 8) - 1]
+            }
+        })
+        .collect();
+    let busiest = cols
+        .iter()
+        .fold(cols[0], |a, c| if c.1 > a.1 { *c } else { a });
+    let quietest = cols
+        .iter()
+        .fold(cols[0], |a, c| if c.1 < a.1 { *c } else { a });
+    Some(format!(
+        "  goodput over time, {} a column from {:.6} s: |{bars}| peak {} at {:.6} s, lowest {} at {:.6} s",
+        dur(per as u64 * b.width_ns),
+        secs(first as u64 * b.width_ns),
+        rate(busiest.1),
+        secs(busiest.0),
+        rate(quietest.1),
+        secs(quietest.0)
+    ))
+}
+
 /// "QP 0x000012 (10.0.0.1 → 10.0.0.2)".
 pub(super) fn qp_name(q: &Qp) -> String {
     format!("QP 0x{:06x} ({} → {})", q.key.2, q.key.0, q.key.1)
@@ -498,7 +549,8 @@ impl Report {
                 transport_name(q.transport)
             );
             if let Some(p) = p {
-                let _ = write!(s, "  (from QP 0x{:06x}; answered on the way back)", p.key.2);
+                // The reverse direction's block is addressed to the QP that sends these.
+                let _ = write!(s, "  (source QP 0x{:06x})", p.key.2);
             }
             s.push('\n');
             let _ = writeln!(
@@ -551,6 +603,10 @@ impl Report {
                     let _ = write!(s, ", goodput {}", rate(g));
                 }
                 s.push('\n');
+                if let Some(l) = goodput_over_time(&q.goodput) {
+                    s += &l;
+                    s.push('\n');
+                }
                 let _ = write!(
                     s,
                     "  request packets {}, retransmitted {}",

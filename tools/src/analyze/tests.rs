@@ -457,3 +457,35 @@ fn the_psn_wrap_is_no_retransmission() {
     );
     assert_eq!(q.triggers.get("timeout"), Some(&1));
 }
+
+/// Goodput over time in the text: the buckets from the first payload to the last, one bar per
+/// column scaled to the busiest, a blank where nothing moved, rates over each column's width.
+#[test]
+fn goodput_over_time_is_one_line_of_bars_with_the_peak_and_the_stall() {
+    use super::window::Buckets;
+    // 100 µs buckets; nothing for 0.2 ms, then 1000, 500, 0 (a stall), 125 bytes.
+    let mut b = Buckets::new();
+    for (i, n) in [(2u64, 1000u64), (3, 500), (5, 125)] {
+        b.add(i * 100_000 + 1, n);
+    }
+    let l = super::report::goodput_over_time(&b).unwrap();
+    // 1000 bytes in 100 µs = 80 Mb/s; 500 → half (▄), 125 → an eighth (▁).
+    assert_eq!(
+        l,
+        "  goodput over time, 100.0 µs a column from 0.000200 s: |█▄ ▁| \
+         peak 80.00 Mb/s at 0.000200 s, lowest 0.0 kb/s at 0.000400 s"
+    );
+    assert_eq!(super::report::goodput_over_time(&Buckets::new()), None);
+    // Long series merge into at most 48 columns.
+    let mut long = Buckets::new();
+    for i in 0..200u64 {
+        long.add(i * 100_000, 10);
+    }
+    let l = super::report::goodput_over_time(&long).unwrap();
+    let bars = l.split('|').nth(1).unwrap();
+    assert_eq!(
+        bars.chars().count(),
+        200usize.div_ceil(200usize.div_ceil(48))
+    );
+    assert!(bars.chars().all(|c| c == '█'), "{l}");
+}
