@@ -14,6 +14,32 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
+/// The [`Port`] methods a wrapper hands to its inner port (field `$inner`) unchanged: its MAC,
+/// frame capacity, MTU, statistics and name.
+macro_rules! inner_port_info {
+    ($inner:ident) => {
+        fn mac(&self) -> Mac {
+            self.$inner.mac()
+        }
+
+        fn frame_capacity(&self) -> usize {
+            self.$inner.frame_capacity()
+        }
+
+        fn mtu(&self) -> usize {
+            self.$inner.mtu()
+        }
+
+        fn stats(&self) -> PortStats {
+            self.$inner.stats()
+        }
+
+        fn name(&self) -> String {
+            self.$inner.name()
+        }
+    };
+}
+
 /// What the impairments did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ImpairStats {
@@ -167,9 +193,7 @@ impl Port for ImpairedPort {
         self.inner.flush()
     }
 
-    fn mac(&self) -> Mac {
-        self.inner.mac()
-    }
+    inner_port_info!(inner);
 
     /// The inner port's, while nothing is held: held frames come due by turns, so an engine
     /// holding some must keep turning.
@@ -181,24 +205,8 @@ impl Port for ImpairedPort {
         }
     }
 
-    fn frame_capacity(&self) -> usize {
-        self.inner.frame_capacity()
-    }
-
     fn impaired(&self) -> bool {
         !self.imp.is_none()
-    }
-
-    fn mtu(&self) -> usize {
-        self.inner.mtu()
-    }
-
-    fn stats(&self) -> PortStats {
-        self.inner.stats()
-    }
-
-    fn name(&self) -> String {
-        self.inner.name()
     }
 }
 
@@ -283,25 +291,7 @@ impl<P: Port> Port for LoseFirst<P> {
         self.inner.flush()
     }
 
-    fn mac(&self) -> Mac {
-        self.inner.mac()
-    }
-
-    fn frame_capacity(&self) -> usize {
-        self.inner.frame_capacity()
-    }
-
-    fn mtu(&self) -> usize {
-        self.inner.mtu()
-    }
-
-    fn stats(&self) -> PortStats {
-        self.inner.stats()
-    }
-
-    fn name(&self) -> String {
-        self.inner.name()
-    }
+    inner_port_info!(inner);
 
     fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
         self.inner.wait_fd()
