@@ -658,6 +658,51 @@ fn ack_timeouts_until_retry_cnt_is_spent() {
     );
 }
 
+/// rxe's `rdma_sends` counts every SEND its completer finishes, flushed ones too
+/// (`do_complete()` in `rxe_comp.c`, reached for each WQE left when the completer drains a QP
+/// in ERR): the SEND that exhausts `retry_cnt` counts, and so do the two SENDs behind it that
+/// are flushed, and one posted to the QP in ERR; the flushed WRITE does not.
+#[test]
+fn flushed_sends_count_in_rdma_sends_as_rxe_counts_them() {
+    let mut t = BedCfg::new(QpType::Rc)
+        .both(|o| {
+            o.timeout = 8;
+            o.retry_cnt = 1;
+        })
+        .build();
+    t.filter = Box::new(|p| {
+        if p.dir == Dir::AB {
+            Verdict::Drop
+        } else {
+            Verdict::Pass
+        }
+    });
+    let (ra, rk) = t.raddr(B, 0x1000);
+    let write = WrOpcode::RdmaWrite {
+        remote_addr: ra,
+        rkey: rk,
+    };
+    t.post_send(A, wr(1, WrOpcode::Send, vec![t.sge(A, 0, 8)]));
+    t.post_send(A, wr(2, WrOpcode::Send, vec![t.sge(A, 0, 8)]));
+    t.post_send(A, wr(3, write, vec![t.sge(A, 0, 8)]));
+    t.post_send(A, wr(4, WrOpcode::Send, vec![t.sge(A, 0, 8)]));
+    let (wa, _) = t.settle();
+    assert_eq!(
+        st(&wa),
+        vec![
+            (1, WcStatus::RetryExcErr),
+            (2, WcStatus::WrFlushErr),
+            (3, WcStatus::WrFlushErr),
+            (4, WcStatus::WrFlushErr)
+        ]
+    );
+    assert_eq!(t.p.a.counters().rdma_sends, 3);
+    assert_eq!(t.state(A), QpState::Err);
+    t.post_send(A, wr(5, WrOpcode::Send, vec![t.sge(A, 0, 8)]));
+    assert_eq!(st(&t.wcs(A)), vec![(5, WcStatus::WrFlushErr)]);
+    assert_eq!(t.p.a.counters().rdma_sends, 4);
+}
+
 // ---- UC and UD -----------------------------------------------------------------------------
 
 fn uc() -> Bed {

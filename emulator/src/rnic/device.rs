@@ -75,7 +75,7 @@ pub struct Counters {
     /// RoCEmu: the bytes of those packets, Ethernet header to ICRC.
     pub rcvd_bytes: u64,
     /// rxe: SEND work requests (with immediate, with invalidate) completed, signaled or not,
-    /// in error or not; flushed ones not counted.
+    /// in error or not, flushed ones too (rxe's completer counts each in `do_complete()`).
     pub rdma_sends: u64,
     /// rxe: receive work requests completed successfully (a SEND or a WRITE with immediate
     /// delivered).
