@@ -419,6 +419,39 @@ fn rcvd_seq_err_skips_a_nak_for_the_oldest_unacknowledged_psn_as_rxe_does() {
 }
 
 #[test]
+fn rcvd_seq_err_skips_a_nak_for_the_first_psn_of_a_later_message_as_rxe_does() {
+    // Three one-packet SENDs, the second lost once: B NAKs the second's PSN. The NAK
+    // acknowledges the first SEND, which rxe's check_psn completes before check_ack looks at
+    // the NAK, so its PSN is the one rxe's completer then expects: not in rcvd_seq_err (the
+    // conformance scenario rdma.requester.seq-nak-go-back, where rxe's delta is 0).
+    let mut t = Bed::rc();
+    for i in 0..3 {
+        t.post_recv(B, 10 + i, 0x8000 + 64 * i as usize, 64);
+    }
+    let mut dropped = false;
+    t.filter = Box::new(move |p| {
+        if p.dir == Dir::AB && p.psn == PSN_A + 1 && !dropped {
+            dropped = true;
+            Verdict::Drop
+        } else {
+            Verdict::Pass
+        }
+    });
+    for i in 0..3 {
+        t.post_send(A, wr(i, WrOpcode::Send, vec![t.sge(A, 0, 8)]));
+    }
+    let (wa, wb) = t.settle();
+    assert_eq!(wa.len(), 3);
+    assert_eq!(wb.len(), 3);
+    let ca = t.p.a.counters();
+    assert_eq!(ca.nak_rcvd_seq_err, 1);
+    assert_eq!(ca.packet_seq_err, 1);
+    assert_eq!(ca.completer_retry_err, 1);
+    assert_eq!(ca.rcvd_seq_err, 0);
+    assert_eq!(ca.rdma_sends, 3);
+}
+
+#[test]
 fn a_lost_ack_makes_one_duplicate_request() {
     let mut t = BedCfg::new(QpType::Rc).both(|o| o.timeout = 8).build();
     t.post_recv(B, 7, 0x8000, 64);
