@@ -177,6 +177,10 @@ fn run_agent(
         .iter()
         .map(|sc| runner::record(t.run(sc), a.out.as_deref()))
         .collect();
+    if t.counters_cmd.is_some() {
+        let (n, took) = t.counter_reads;
+        println!("counters: {n} reads in {:.1} s", took.as_secs_f64());
+    }
     Ok(Report {
         target: format!("agent:{addr}"),
         device,

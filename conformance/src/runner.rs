@@ -155,6 +155,8 @@ pub struct AgentTarget {
     /// A shell command printing the device's counters as `rdma statistic show link DEV/PORT`
     /// does, run before and after each scenario (None: counters not read).
     pub counters_cmd: Option<String>,
+    /// Counter reads so far, and the wall-clock time they took.
+    pub counter_reads: (usize, Duration),
     link: Option<Box<dyn Link>>,
 }
 
@@ -194,6 +196,7 @@ impl AgentTarget {
             peer_ip,
             settle: Duration::from_millis(100),
             counters_cmd: None,
+            counter_reads: (0, Duration::ZERO),
             link: Some(link),
         })
     }
@@ -213,11 +216,20 @@ impl AgentTarget {
         );
         peer.settle = self.settle;
         let dev = self.dev.clone();
-        let read = |cmd: &Option<String>| cmd.as_deref().map(counters::read_with_command);
-        let before = read(&self.counters_cmd);
+        let read = |cmd: &Option<String>, reads: &mut (usize, Duration)| {
+            let t = Instant::now();
+            let r = cmd.as_deref().map(counters::read_with_command);
+            if r.is_some() {
+                reads.0 += 1;
+                reads.1 += t.elapsed();
+            }
+            r
+        };
+        let before = read(&self.counters_cmd, &mut self.counter_reads);
         let mut run = run_case(sc, &mut self.agent, peer, dev, seed_for(sc.id) ^ now_seed());
+        let after = read(&self.counters_cmd, &mut self.counter_reads);
         // A failed read leaves this scenario without counters; it fails nothing.
-        run.result.counters = match (before, read(&self.counters_cmd)) {
+        run.result.counters = match (before, after) {
             (Some(Ok(b)), Some(Ok(a))) => Some(counters::delta(&b, &a)),
             (Some(Err(e)), _) | (_, Some(Err(e))) => {
                 eprintln!("conformance: {}: counters not read: {e}", sc.id);
