@@ -447,6 +447,32 @@ mod tests {
     }
 
     #[test]
+    fn self_runs_keep_the_rnics_deltas_and_the_report_carries_them() {
+        let pick = |id: &str| crate::scenarios::select(id).remove(0);
+        // A send posted to a QP in ERR is flushed, and counted as rxe counts it.
+        let flush = crate::runner::run_self(&pick("qp.err.flushes-work")).result;
+        let c = flush.counters.clone().expect("self runs read the RNIC's counters");
+        assert_eq!(c.len(), 12, "{c:?}");
+        assert_eq!(c["rdma_sends"], 1);
+        assert_eq!(c["sent_pkts"], 0);
+        let dup = crate::runner::run_self(&pick("psn.dup.send-reacked-once-delivered")).result;
+        assert_eq!(dup.counters.as_ref().unwrap()["duplicate_request"], 1);
+        let mut unread = dup.clone();
+        unread.counters = None;
+        let r = crate::runner::Report {
+            target: "self".into(),
+            device: "test".into(),
+            cases: vec![flush, unread],
+        };
+        let j = r.json();
+        assert_eq!(j["scenarios"][0]["counters"]["rdma_sends"], 1);
+        assert!(j["scenarios"][1].get("counters").is_none());
+        let d = report_deltas(&j).unwrap();
+        assert_eq!(d.len(), 1);
+        assert_eq!(d["qp.err.flushes-work"]["rdma_sends"], 1);
+    }
+
+    #[test]
     fn compare_rejects_a_bad_report() {
         let ok = report(json!([]));
         assert!(compare(&json!({}), &ok, &[]).is_err());
