@@ -208,6 +208,8 @@ pub struct Problem {
 pub struct Comparison {
     /// (scenario, counter) pairs present in both runs.
     pub pairs: usize,
+    /// Pairs in which either run's delta is not zero (the rest are 0 = 0).
+    pub moved: usize,
     pub same: usize,
     /// Pairs that differ as a deviation says they may.
     pub explained: usize,
@@ -246,6 +248,11 @@ impl Comparison {
         }
         let _ = writeln!(
             s,
+            "conformance-rxe: counters: {} of the pairs moved in one run or both",
+            self.moved
+        );
+        let _ = writeln!(
+            s,
             "conformance-rxe: counters: {} pairs compared, {} same, {} explained, {} problems",
             self.pairs,
             self.same,
@@ -275,6 +282,9 @@ pub fn compare(
         for (counter, &x) in da {
             let Some(&y) = db.get(counter) else { continue };
             c.pairs += 1;
+            if x != 0 || y != 0 {
+                c.moved += 1;
+            }
             if x == y {
                 c.same += 1;
                 continue;
@@ -408,18 +418,18 @@ mod tests {
     fn compare_counts_same_explained_and_problems() {
         let ours = report(json!([
             {"id": "s1", "counters": {"rdma_sends": 1, "sent_pkts": 2}},
-            {"id": "s2", "counters": {"rdma_sends": 0, "rcvd_seq_err": 1}},
+            {"id": "s2", "counters": {"rdma_sends": 0, "rcvd_seq_err": 1, "send_err": 0}},
             {"id": "s3"},
             {"id": "s4", "counters": {"rdma_sends": 1}},
         ]));
         let theirs = report(json!([
             {"id": "s1", "counters": {"rdma_sends": 1, "sent_pkts": 3, "ack_deferred": 4}},
-            {"id": "s2", "counters": {"rdma_sends": 1, "rcvd_seq_err": 0}},
+            {"id": "s2", "counters": {"rdma_sends": 1, "rcvd_seq_err": 0, "send_err": 0}},
             {"id": "s3", "counters": {"rdma_sends": 9}},
         ]));
         let dev = parse_deviations("s2 rdma_sends because\ns9 sent_pkts stale\n").unwrap();
         let c = compare(&ours, &theirs, &dev).unwrap();
-        assert_eq!((c.pairs, c.same, c.explained), (4, 1, 1));
+        assert_eq!((c.pairs, c.moved, c.same, c.explained), (5, 4, 2, 1));
         assert_eq!(
             c.problems,
             vec![
@@ -441,7 +451,7 @@ mod tests {
         assert_eq!(c.one_sided, vec!["s4".to_string(), "s3".to_string()]);
         let text = c.text();
         assert!(text.ends_with(
-            "conformance-rxe: counters: 4 pairs compared, 1 same, 1 explained, 2 problems\n"
+            "conformance-rxe: counters: 5 pairs compared, 2 same, 1 explained, 2 problems\n"
         ));
         assert!(text.contains("PROBLEM s1 sent_pkts: ours 2, rxe 3"));
     }
