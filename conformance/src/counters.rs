@@ -58,8 +58,7 @@ pub fn parse_rdma_statistic(text: &str) -> Result<Snapshot, String> {
         return Err(format!("{port:?} is not DEV/PORT"));
     }
     let mut out = Snapshot::new();
-    loop {
-        let Some(name) = words.next() else { break };
+    while let Some(name) = words.next() {
         let value = words
             .next()
             .ok_or_else(|| format!("counter {name} has no value"))?;
@@ -137,7 +136,8 @@ pub fn parse_deviations(text: &str) -> Result<Vec<Deviation>, String> {
             continue;
         }
         let mut parts = line.splitn(3, char::is_whitespace);
-        let (Some(scenario), Some(counter), Some(reason)) = (parts.next(), parts.next(), parts.next())
+        let (Some(scenario), Some(counter), Some(reason)) =
+            (parts.next(), parts.next(), parts.next())
         else {
             return Err(format!(
                 "line {}: want `scenario counter reason…`, got {line:?}",
@@ -461,7 +461,10 @@ mod tests {
         let pick = |id: &str| crate::scenarios::select(id).remove(0);
         // A send posted to a QP in ERR is flushed, and counted as rxe counts it.
         let flush = crate::runner::run_self(&pick("qp.err.flushes-work")).result;
-        let c = flush.counters.clone().expect("self runs read the RNIC's counters");
+        let c = flush
+            .counters
+            .clone()
+            .expect("self runs read the RNIC's counters");
         assert_eq!(c.len(), 12, "{c:?}");
         assert_eq!(c["rdma_sends"], 1);
         assert_eq!(c["sent_pkts"], 0);

@@ -5,13 +5,13 @@
 use rocemu_conformance::agent::server::{serve, EngineBackend, Listener, NullBackend};
 use rocemu_conformance::dut::{PortLink, DUT_IP, DUT_MAC, PEER_IP, PEER_MAC};
 use rocemu_conformance::runner::{AgentTarget, CaseResult};
-use std::collections::BTreeMap;
 use rocemu_conformance::scenarios::select;
 use rocemu_emulator::engine::Engine;
 use rocemu_emulator::port::pipe::pipe;
 use rocemu_emulator::port::Port;
 use rocemu_emulator::rnic::{Rnic, RnicConfig};
 use serde_json::{json, Value};
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
@@ -265,7 +265,11 @@ fn run_with_counters(
     for sc in &picked {
         let r = t.run(sc).result;
         if !r.passed {
-            failed.push(format!("{}: {}", r.id, r.reason.clone().unwrap_or_default()));
+            failed.push(format!(
+                "{}: {}",
+                r.id,
+                r.reason.clone().unwrap_or_default()
+            ));
         }
         results.push(r);
     }
