@@ -1,5 +1,6 @@
 //! `rocemu conformance`: runs the scenario catalogue against a device and writes the reports
 //! (`docs/conformance.md`).
+use rocemu_conformance::counters;
 use rocemu_conformance::dut::{PortLink, PEER_IP};
 use rocemu_conformance::runner::{self, AgentTarget, Report};
 use rocemu_conformance::scenarios;
@@ -47,17 +48,48 @@ pub struct Args {
     /// Column names for --matrix, in order (default: each run's device).
     #[arg(long, value_delimiter = ',')]
     names: Vec<String>,
+    /// With an agent target: a shell command, run before and after each scenario, that prints
+    /// the device's counters as `rdma statistic show link DEV/PORT` does; each scenario's
+    /// deltas go into report.json ("counters"). A read that fails leaves them out.
+    #[arg(long, value_name = "CMD")]
+    counters_cmd: Option<String>,
+    /// Compare the counter deltas of two runs (OURS.json THEIRS.json, their report.json files)
+    /// scenario by scenario, with --deviations; exit status 1 when a difference is unexplained.
+    #[arg(long, num_args = 2, value_names = ["OURS", "THEIRS"])]
+    compare_counters: Vec<PathBuf>,
+    /// For --compare-counters: the explained deviations, `scenario counter reason…` a line.
+    #[arg(long, value_name = "FILE")]
+    deviations: Option<PathBuf>,
+}
+
+fn read_json(p: &std::path::Path) -> Result<serde_json::Value, String> {
+    let text = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
+    serde_json::from_str(&text).map_err(|e| format!("{}: {e}", p.display()))
 }
 
 pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
     let selected = scenarios::select(a.filter.as_deref().unwrap_or(""));
+    if let [ours, theirs] = &a.compare_counters[..] {
+        let deviations = match &a.deviations {
+            Some(p) => {
+                let text =
+                    std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
+                counters::parse_deviations(&text).map_err(|e| format!("{}: {e}", p.display()))?
+            }
+            None => Vec::new(),
+        };
+        let c = counters::compare(&read_json(ours)?, &read_json(theirs)?, &deviations)?;
+        print!("{}", c.text());
+        return Ok(if c.problems.is_empty() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(1)
+        });
+    }
     if !a.matrix.is_empty() {
         let mut reports = Vec::new();
         for p in &a.matrix {
-            let text = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
-            let v: serde_json::Value =
-                serde_json::from_str(&text).map_err(|e| format!("{}: {e}", p.display()))?;
-            reports.push(v);
+            reports.push(read_json(p)?);
         }
         print!("{}", runner::side_by_side(&reports, &a.names)?);
         return Ok(ExitCode::SUCCESS);
@@ -139,11 +171,16 @@ fn run_agent(
     let link = PortLink::new(Box::new(port), mac, ip);
     let mut t = AgentTarget::connect(addr, Box::new(link), mac, ip, a.gid_index)?;
     t.settle = Duration::from_millis(a.settle_ms);
+    t.counters_cmd = a.counters_cmd.clone();
     let device = format!("{} at {} ({})", t.dev.name, t.dut_ip, t.dev.mac);
     let cases = selected
         .iter()
         .map(|sc| runner::record(t.run(sc), a.out.as_deref()))
         .collect();
+    if t.counters_cmd.is_some() {
+        let (n, took) = t.counter_reads;
+        println!("counters: {n} reads in {:.1} s", took.as_secs_f64());
+    }
     Ok(Report {
         target: format!("agent:{addr}"),
         device,

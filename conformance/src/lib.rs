@@ -19,6 +19,7 @@
 
 pub mod agent;
 pub mod cm_peer;
+pub mod counters;
 pub mod dut;
 pub mod peer;
 pub mod runner;

@@ -6,6 +6,7 @@
 //! serve the whole run, and `reset` clears the device between scenarios.
 use crate::agent::client::JsonClient;
 use crate::agent::{Agent, DeviceInfo};
+use crate::counters::{self, rnic_snapshot, Delta};
 use crate::dut::{self_target, Link, SelfAgent, SharedDut, PEER_IP, PEER_MAC};
 use crate::peer::Peer;
 use crate::scenario::{Ctx, Scenario};
@@ -34,6 +35,9 @@ pub struct CaseResult {
     pub wall: Duration,
     /// The capture of a failing case, once written.
     pub pcap: Option<PathBuf>,
+    /// How much the device's rdma_rxe-named counters moved during the scenario (None when they
+    /// were not read, or a read failed).
+    pub counters: Option<Delta>,
 }
 
 /// A result with the peer that ran it (its capture becomes the pcap of a failure).
@@ -72,6 +76,7 @@ fn failed_setup(sc: &Scenario, why: String) -> CaseRun {
             link_time: Duration::ZERO,
             wall: Duration::ZERO,
             pcap: None,
+            counters: None,
         },
         peer: None,
     }
@@ -102,6 +107,7 @@ pub fn run_case(
             link_time: peer.now().saturating_sub(start),
             wall: wall.elapsed(),
             pcap: None,
+            counters: None,
         },
         peer: Some(peer),
     }
@@ -129,7 +135,11 @@ pub fn run_self_with(
         return failed_setup(sc, "the device has no GID".into());
     };
     let peer = Peer::new(Box::new(link), (PEER_MAC, PEER_IP), (dev.mac, dut_ip));
-    run_case(sc, &mut *agent, peer, dev, seed)
+    let before = rnic_snapshot(&dut.borrow().rnic.counters());
+    let mut run = run_case(sc, &mut *agent, peer, dev, seed);
+    let after = rnic_snapshot(&dut.borrow().rnic.counters());
+    run.result.counters = Some(counters::delta(&before, &after));
+    run
 }
 
 /// A device behind an agent, facing the peer through a real port.
@@ -142,6 +152,11 @@ pub struct AgentTarget {
     pub peer_ip: IpAddr,
     /// How long the peer listens for frames that should, or should not, come.
     pub settle: Duration,
+    /// A shell command printing the device's counters as `rdma statistic show link DEV/PORT`
+    /// does, run before and after each scenario (None: counters not read).
+    pub counters_cmd: Option<String>,
+    /// Counter reads so far, and the wall-clock time they took.
+    pub counter_reads: (usize, Duration),
     link: Option<Box<dyn Link>>,
 }
 
@@ -180,6 +195,8 @@ impl AgentTarget {
             peer_mac,
             peer_ip,
             settle: Duration::from_millis(100),
+            counters_cmd: None,
+            counter_reads: (0, Duration::ZERO),
             link: Some(link),
         })
     }
@@ -199,7 +216,27 @@ impl AgentTarget {
         );
         peer.settle = self.settle;
         let dev = self.dev.clone();
+        let read = |cmd: &Option<String>, reads: &mut (usize, Duration)| {
+            let t = Instant::now();
+            let r = cmd.as_deref().map(counters::read_with_command);
+            if r.is_some() {
+                reads.0 += 1;
+                reads.1 += t.elapsed();
+            }
+            r
+        };
+        let before = read(&self.counters_cmd, &mut self.counter_reads);
         let mut run = run_case(sc, &mut self.agent, peer, dev, seed_for(sc.id) ^ now_seed());
+        let after = read(&self.counters_cmd, &mut self.counter_reads);
+        // A failed read leaves this scenario without counters; it fails nothing.
+        run.result.counters = match (before, after) {
+            (Some(Ok(b)), Some(Ok(a))) => Some(counters::delta(&b, &a)),
+            (Some(Err(e)), _) | (_, Some(Err(e))) => {
+                eprintln!("conformance: {}: counters not read: {e}", sc.id);
+                None
+            }
+            _ => None,
+        };
         if let Some(p) = run.peer.take() {
             let capture = p.capture.clone();
             let (mac, ip, dmac, dip) = (p.mac, p.ip, p.dut_mac, p.dut_ip);
@@ -291,17 +328,24 @@ impl Report {
             "device": self.device,
             "passed": self.passed(),
             "failed": self.failed(),
-            "scenarios": self.cases.iter().map(|c| json!({
-                "id": c.id,
-                "title": c.title,
-                "spec": c.spec,
-                "result": if c.passed { "pass" } else { "fail" },
-                "reason": c.reason,
-                "frames": c.frames,
-                "link_ms": c.link_time.as_secs_f64() * 1e3,
-                "wall_ms": c.wall.as_secs_f64() * 1e3,
-                "pcap": c.pcap.as_ref().map(|p| p.display().to_string()),
-            })).collect::<Vec<_>>(),
+            "scenarios": self.cases.iter().map(|c| {
+                let mut o = json!({
+                    "id": c.id,
+                    "title": c.title,
+                    "spec": c.spec,
+                    "result": if c.passed { "pass" } else { "fail" },
+                    "reason": c.reason,
+                    "frames": c.frames,
+                    "link_ms": c.link_time.as_secs_f64() * 1e3,
+                    "wall_ms": c.wall.as_secs_f64() * 1e3,
+                    "pcap": c.pcap.as_ref().map(|p| p.display().to_string()),
+                });
+                // Absent, not null, when the counters were not read.
+                if let Some(d) = &c.counters {
+                    o["counters"] = json!(d);
+                }
+                o
+            }).collect::<Vec<_>>(),
         })
     }
 

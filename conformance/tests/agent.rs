@@ -4,13 +4,14 @@
 //! `rocemu conformance --target agent:…` takes against `rocemu agent`.
 use rocemu_conformance::agent::server::{serve, EngineBackend, Listener, NullBackend};
 use rocemu_conformance::dut::{PortLink, DUT_IP, DUT_MAC, PEER_IP, PEER_MAC};
-use rocemu_conformance::runner::AgentTarget;
+use rocemu_conformance::runner::{AgentTarget, CaseResult};
 use rocemu_conformance::scenarios::select;
 use rocemu_emulator::engine::Engine;
 use rocemu_emulator::port::pipe::pipe;
 use rocemu_emulator::port::Port;
 use rocemu_emulator::rnic::{Rnic, RnicConfig};
 use serde_json::{json, Value};
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
@@ -222,6 +223,19 @@ fn run_through_agent(
     seed: u64,
     picks: &str,
 ) -> (Vec<String>, usize) {
+    let (failed, results) = run_with_counters(name, dut_port, peer_port, seed, picks, None);
+    (failed, results.len())
+}
+
+/// As [`run_through_agent`], with `--counters-cmd`: the failures and every scenario's result.
+fn run_with_counters(
+    name: &str,
+    dut_port: Box<dyn Port + Send>,
+    peer_port: Box<dyn Port + Send>,
+    seed: u64,
+    picks: &str,
+    counters_cmd: Option<String>,
+) -> (Vec<String>, Vec<CaseResult>) {
     let (dut_mac, peer_mac) = (dut_port.mac(), peer_port.mac());
     let path = socket_path(name);
     let listener = Listener::bind(&format!("unix:{path}")).unwrap();
@@ -244,18 +258,76 @@ fn run_through_agent(
     )
     .unwrap();
     t.settle = Duration::from_millis(40);
+    t.counters_cmd = counters_cmd;
     let picked = select(picks);
     let mut failed = Vec::new();
+    let mut results = Vec::new();
     for sc in &picked {
         let r = t.run(sc).result;
         if !r.passed {
-            failed.push(format!("{}: {}", r.id, r.reason.unwrap_or_default()));
+            failed.push(format!(
+                "{}: {}",
+                r.id,
+                r.reason.clone().unwrap_or_default()
+            ));
         }
+        results.push(r);
     }
     drop(t);
     server.join().unwrap();
     let _ = std::fs::remove_file(&path);
-    (failed, picked.len())
+    (failed, results)
+}
+
+#[test]
+fn counters_cmd_is_read_before_and_after_each_scenario() {
+    // The command's n-th call prints rdma_sends n*n: a scenario read before and after gets
+    // (2k+1)^2 - (2k)^2 = 4k + 1 for the k-th scenario, so a pairing off by one shows.
+    let dir = std::env::temp_dir().join(format!("rcf-counters-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join("n");
+    let cmd = format!(
+        "n=$(cat '{0}' 2>/dev/null || echo 0); echo $((n+1)) > '{0}'; \
+         echo link rxe0/1 sent_pkts 7 rdma_sends $((n*n))",
+        f.display()
+    );
+    let (dut_port, peer_port) = pipe(DUT_MAC, PEER_MAC, 1500);
+    let (failed, results) = run_with_counters(
+        "counters",
+        Box::new(dut_port),
+        Box::new(peer_port),
+        17,
+        "hdr.icrc,hdr.tver,verbs.post-send",
+        Some(cmd),
+    );
+    assert!(failed.is_empty(), "{failed:?}");
+    assert_eq!(results.len(), 3);
+    for (k, r) in results.iter().enumerate() {
+        let c = r.counters.as_ref().expect("counters read");
+        let want: BTreeMap<String, i64> = [
+            ("rdma_sends".to_string(), 4 * k as i64 + 1),
+            ("sent_pkts".to_string(), 0),
+        ]
+        .into();
+        assert_eq!(c, &want, "{}", r.id);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_failed_counter_read_leaves_the_counters_out_and_fails_nothing() {
+    let (dut_port, peer_port) = pipe(DUT_MAC, PEER_MAC, 1500);
+    let (failed, results) = run_with_counters(
+        "nocounters",
+        Box::new(dut_port),
+        Box::new(peer_port),
+        19,
+        "hdr.icrc,verbs.post-send",
+        Some("echo link rxe0/1 rdma_sends oops; exit 1".into()),
+    );
+    assert!(failed.is_empty(), "{failed:?}");
+    assert_eq!(results.len(), 2);
+    assert!(results.iter().all(|r| r.passed && r.counters.is_none()));
 }
 
 #[test]

@@ -454,6 +454,39 @@ fn rcvd_seq_err_skips_a_nak_for_the_oldest_unacknowledged_psn_as_rxe_does() {
 }
 
 #[test]
+fn rcvd_seq_err_skips_a_nak_for_the_first_psn_of_a_later_message_as_rxe_does() {
+    // Three one-packet SENDs, the second lost once: B NAKs the second's PSN. The NAK
+    // acknowledges the first SEND, which rxe's check_psn completes before check_ack looks at
+    // the NAK, so its PSN is the one rxe's completer then expects: not in rcvd_seq_err (the
+    // conformance scenario rdma.requester.seq-nak-go-back, where rxe's delta is 0).
+    let mut t = Bed::rc();
+    for i in 0..3 {
+        t.post_recv(B, 10 + i, 0x8000 + 64 * i as usize, 64);
+    }
+    let mut dropped = false;
+    t.filter = Box::new(move |p| {
+        if p.dir == Dir::AB && p.psn == PSN_A + 1 && !dropped {
+            dropped = true;
+            Verdict::Drop
+        } else {
+            Verdict::Pass
+        }
+    });
+    for i in 0..3 {
+        t.post_send(A, wr(i, WrOpcode::Send, vec![t.sge(A, 0, 8)]));
+    }
+    let (wa, wb) = t.settle();
+    assert_eq!(wa.len(), 3);
+    assert_eq!(wb.len(), 3);
+    let ca = t.p.a.counters();
+    assert_eq!(ca.nak_rcvd_seq_err, 1);
+    assert_eq!(ca.packet_seq_err, 1);
+    assert_eq!(ca.completer_retry_err, 1);
+    assert_eq!(ca.rcvd_seq_err, 0);
+    assert_eq!(ca.rdma_sends, 3);
+}
+
+#[test]
 fn a_lost_ack_makes_one_duplicate_request() {
     let mut t = BedCfg::new(QpType::Rc).both(|o| o.timeout = 8).build();
     t.post_recv(B, 7, 0x8000, 64);
@@ -691,6 +724,51 @@ fn ack_timeouts_until_retry_cnt_is_spent() {
         "  retransmitted_pkts 2\n  completer_retry_err 2\n  local_ack_timeout_err 2\n  \
          retry_exceeded_err 1\n  req_cqe_error 1\n"
     );
+}
+
+/// rxe's `rdma_sends` counts every SEND its completer finishes, flushed ones too
+/// (`do_complete()` in `rxe_comp.c`, reached for each WQE left when the completer drains a QP
+/// in ERR): the SEND that exhausts `retry_cnt` counts, and so do the two SENDs behind it that
+/// are flushed, and one posted to the QP in ERR; the flushed WRITE does not.
+#[test]
+fn flushed_sends_count_in_rdma_sends_as_rxe_counts_them() {
+    let mut t = BedCfg::new(QpType::Rc)
+        .both(|o| {
+            o.timeout = 8;
+            o.retry_cnt = 1;
+        })
+        .build();
+    t.filter = Box::new(|p| {
+        if p.dir == Dir::AB {
+            Verdict::Drop
+        } else {
+            Verdict::Pass
+        }
+    });
+    let (ra, rk) = t.raddr(B, 0x1000);
+    let write = WrOpcode::RdmaWrite {
+        remote_addr: ra,
+        rkey: rk,
+    };
+    t.post_send(A, wr(1, WrOpcode::Send, vec![t.sge(A, 0, 8)]));
+    t.post_send(A, wr(2, WrOpcode::Send, vec![t.sge(A, 0, 8)]));
+    t.post_send(A, wr(3, write, vec![t.sge(A, 0, 8)]));
+    t.post_send(A, wr(4, WrOpcode::Send, vec![t.sge(A, 0, 8)]));
+    let (wa, _) = t.settle();
+    assert_eq!(
+        st(&wa),
+        vec![
+            (1, WcStatus::RetryExcErr),
+            (2, WcStatus::WrFlushErr),
+            (3, WcStatus::WrFlushErr),
+            (4, WcStatus::WrFlushErr)
+        ]
+    );
+    assert_eq!(t.p.a.counters().rdma_sends, 3);
+    assert_eq!(t.state(A), QpState::Err);
+    t.post_send(A, wr(5, WrOpcode::Send, vec![t.sge(A, 0, 8)]));
+    assert_eq!(st(&t.wcs(A)), vec![(5, WcStatus::WrFlushErr)]);
+    assert_eq!(t.p.a.counters().rdma_sends, 4);
 }
 
 // ---- UC and UD -----------------------------------------------------------------------------

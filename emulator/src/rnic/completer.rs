@@ -282,11 +282,13 @@ pub(crate) fn handle(dev: &mut Dev, qp: &mut Qp, now: Nanos, pkt: &Packet<'_>) {
                 if !psn.is_before(qp.psn_high()) {
                     return;
                 }
-                // rxe's check_ack counts a sequence NAK only when it acknowledges something.
-                if matches!(code, NakCode::PsnSequenceError) && psn.is_after(qp.acked_psn) {
-                    c.rcvd_seq_err += 1;
-                }
+                let acked_before = qp.acked_psn;
                 complete_before(dev, qp, now, psn);
+                if matches!(code, NakCode::PsnSequenceError)
+                    && rxe_counts_seq_nak(qp, acked_before, psn)
+                {
+                    dev.counters.rcvd_seq_err += 1;
+                }
                 qp_event!(qp, DEBUG, psn = psn.value(), ?code, "NAK received");
                 match code {
                     NakCode::PsnSequenceError => {
@@ -328,6 +330,24 @@ fn complete_before(dev: &mut Dev, qp: &mut Qp, now: Nanos, psn: Psn) {
         progress(qp, now);
     }
     complete_upto(dev, qp, now, prev);
+}
+
+/// Whether rxe counts a sequence-error NAK for `psn` in `rcvd_seq_err` (called once the WQEs
+/// the NAK acknowledges whole are completed; `acked_before`: the oldest unacknowledged PSN
+/// before it). rxe's completer first completes every WQE whose last PSN is before the NAK's
+/// (`check_psn()` → `complete_wqe()` in `rxe_comp.c`, which moves `comp.psn` past each), and
+/// `check_ack()` then counts `RXE_CNT_RCV_SEQ_ERR` only when `psn_compare(pkt->psn,
+/// qp->comp.psn) > 0`: the NAK must fall after the first PSN of the WQE holding it (and after
+/// what earlier ACKs covered). A NAK past a READ or atomic still in flight is not counted
+/// either (`check_psn()` returns COMPST_ERROR_RETRY or COMPST_DONE before `check_ack()`).
+fn rxe_counts_seq_nak(qp: &Qp, acked_before: Psn, psn: Psn) -> bool {
+    let Some(w) = qp.sq.front() else {
+        return false;
+    };
+    psn.is_after(acked_before)
+        && psn.is_after(w.first_psn)
+        && !w.last_psn().is_before(psn)
+        && !w.wr.opcode.is_read_or_atomic()
 }
 
 /// The WQE holding `psn` fails with `status`; the QP goes to ERR.

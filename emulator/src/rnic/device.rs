@@ -75,7 +75,7 @@ pub struct Counters {
     /// RoCEmu: the bytes of those packets, Ethernet header to ICRC.
     pub rcvd_bytes: u64,
     /// rxe: SEND work requests (with immediate, with invalidate) completed, signaled or not,
-    /// in error or not; flushed ones not counted.
+    /// in error or not, flushed ones too (rxe's completer counts each in `do_complete()`).
     pub rdma_sends: u64,
     /// rxe: receive work requests completed successfully (a SEND or a WRITE with immediate
     /// delivered).
@@ -109,8 +109,11 @@ pub struct Counters {
     pub retry_exceeded_err: u64,
     /// rxe: work requests failed with RNR_RETRY_EXC_ERR (`rnr_retry` exhausted).
     pub retry_rnr_exceeded_err: u64,
-    /// rxe: PSN sequence error NAKs received whose PSN is after the oldest PSN not yet
-    /// acknowledged (rxe's `check_ack` counts only those: a NAK for exactly that PSN is not).
+    /// rxe: PSN sequence error NAKs received whose PSN is inside a message, after its first
+    /// PSN and after what earlier ACKs covered (rxe's `check_psn` completes the messages the
+    /// NAK acknowledges whole first, and `check_ack` counts a NAK only past the PSN it then
+    /// expects: a NAK for the first PSN of a SEND or WRITE, or past a READ or atomic still
+    /// in flight, is not counted).
     pub rcvd_seq_err: u64,
     /// rxe: RNR NAKs received, every one.
     pub rcvd_rnr_err: u64,

@@ -267,6 +267,7 @@ pub(crate) fn flush(dev: &mut Dev, qp: &mut Qp, why: ErrCause) {
     }
     qp.state = QpState::Err;
     while let Some(w) = qp.sq.pop_front() {
+        requester::count_flushed_send(dev, &w);
         let status = w.error.unwrap_or(WcStatus::WrFlushErr);
         let wc = requester::wc_for(qp, &w, status);
         qp.note_wc(&wc);

@@ -88,6 +88,8 @@ impl Rnic {
         let signaled = qp.sq_sig_all || wr.flags.contains(SendFlags::SIGNALED);
         let mut wqe = SendWqe::new(wr, len, signaled);
         if qp.state == QpState::Err {
+            // Flushed at once, and counted as rxe's completer counts a flushed SEND.
+            requester::count_flushed_send(&mut self.dev, &wqe);
             wqe.error = Some(WcStatus::WrFlushErr);
             let wc = requester::wc_for(qp, &wqe, WcStatus::WrFlushErr);
             qp.note_wc(&wc);

@@ -58,6 +58,17 @@ pub(crate) fn complete_front(dev: &mut Dev, qp: &mut Qp) {
     }
 }
 
+/// rxe's `rdma_sends` counts every SEND work request its completer finishes, flushed ones
+/// included: `do_complete()` in `rxe_comp.c` increments `RXE_CNT_RDMA_SEND` for a SEND,
+/// whatever the status, and the completer's drain of a QP in ERR (`rxe_drain_resp_pkts()` with
+/// `notify`) completes each WQE left with `IB_WC_WR_FLUSH_ERR` through `do_complete()`. A WQE
+/// that failed on its own (`error` set) was counted when it failed ([`fail`]).
+pub(crate) fn count_flushed_send(dev: &mut Dev, w: &SendWqe) {
+    if w.error.is_none() && w.wr.opcode.is_send() {
+        dev.counters.rdma_sends += 1;
+    }
+}
+
 /// Fails WQE `i` with `status` on an answer from the responder (a NAK, a bad or undeliverable
 /// response, retries exhausted): the answer acknowledges every WQE before `i`, which complete;
 /// it and everything after it complete in error and the QP enters ERR (RC), or SQE (UC, UD:
@@ -112,6 +123,7 @@ fn fail(dev: &mut Dev, qp: &mut Qp, i: usize, status: WcStatus, earlier_done: bo
         qp_event!(qp, WARN, from = ?qp.state, reason = ?status, "QP to SQE");
         qp.state = QpState::Sqe;
         while let Some(w) = qp.sq.pop_front() {
+            count_flushed_send(dev, &w);
             let st = w.error.unwrap_or(WcStatus::WrFlushErr);
             let wc = wc_for(qp, &w, st);
             qp.note_wc(&wc);
