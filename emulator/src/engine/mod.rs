@@ -123,6 +123,9 @@ struct State {
     /// Frames were left to send at the end of the last turn (the port refused them: a full
     /// socket buffer): an idle wait also ends when the port can take more.
     tx_backlog: bool,
+    /// The port's `tx_dropped` and `link_downed` as last handed to the RNIC's `send_err` and
+    /// `link_downed`.
+    port_faults_seen: (u64, u64),
     /// The next blocking wait's longest ([`IdleStrategy::Wake`]), and its cap.
     nap: Duration,
     nap_max: Duration,
@@ -150,6 +153,7 @@ impl std::fmt::Debug for Engine {
 
 impl Engine {
     pub fn new(port: Box<dyn Port + Send>) -> Engine {
+        let ps = port.stats();
         Engine {
             port,
             st: State {
@@ -166,6 +170,7 @@ impl Engine {
                 strategy: IdleStrategy::default(),
                 deadline: None,
                 tx_backlog: false,
+                port_faults_seen: (ps.tx_dropped, ps.link_downed),
                 nap: WAKE_NAP_MIN,
                 nap_max: WAKE_NAP_MAX,
                 doorbell: None,
@@ -270,6 +275,17 @@ impl Engine {
             work += self
                 .port
                 .tx_burst(BURST, &mut |buf| st.transmit(rnic, now, buf));
+        }
+        // What the port refused or saw (a copy of its counters: cheap on every port) becomes
+        // the RNIC's send_err and link_downed, as rxe counts them.
+        let ps = self.port.stats();
+        let (dropped, downed) = st.port_faults_seen;
+        if ps.tx_dropped != dropped || ps.link_downed != downed {
+            rnic.count_port_faults(
+                ps.tx_dropped.saturating_sub(dropped),
+                ps.link_downed.saturating_sub(downed),
+            );
+            st.port_faults_seen = (ps.tx_dropped, ps.link_downed);
         }
         // After transmitting: what was sent may have armed a retransmit timer.
         st.deadline = rnic.poll_timeout();

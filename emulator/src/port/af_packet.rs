@@ -513,6 +513,12 @@ impl Port for AfPacketPort {
             )
         };
         if r <= 0 {
+            // The kernel sets ENETDOWN on every packet socket bound to an interface that goes
+            // down (packet_notifier, NETDEV_DOWN in net/packet/af_packet.c) and reports it to
+            // the next call once.
+            if r < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ENETDOWN) {
+                self.stats.link_downed += 1;
+            }
             return 0;
         }
         let r = r as usize;

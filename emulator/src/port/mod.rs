@@ -44,6 +44,9 @@ pub struct PortStats {
     /// Frames the port had to drop (a full ring, a driver that refused them after retries).
     pub tx_dropped: u64,
     pub rx_dropped: u64,
+    /// Times the link was seen going down (AF_PACKET: the kernel's ENETDOWN on the socket,
+    /// which it reports once per NETDEV_DOWN; other ports do not watch the link).
+    pub link_downed: u64,
 }
 
 impl PortStats {
@@ -56,6 +59,7 @@ impl PortStats {
             ("port_tx_bytes", self.tx_bytes),
             ("port_tx_dropped", self.tx_dropped),
             ("port_rx_dropped", self.rx_dropped),
+            ("port_link_downed", self.link_downed),
         ]
     }
 }

@@ -233,6 +233,13 @@ pub struct Counters {
     /// RoCEmu: asynchronous events dropped because nobody polled them
     /// ([`ASYNC_EVENTS_MAX`](super::ASYNC_EVENTS_MAX) queued).
     pub async_events_dropped: u64,
+    /// rdma_rxe (`send_err`, `RXE_CNT_SEND_ERR` in `rxe_xmit_packet()`): packets the network
+    /// stack refused to send. Here: frames the port dropped on transmit (refused for good by
+    /// the kernel, or a DPDK backlog that stalled past its timeout).
+    pub send_err: u64,
+    /// rdma_rxe (`link_downed`, `rxe_port_down()` in `rxe_net.c`): times the port's link went
+    /// down. Here: as the port saw it (AF_PACKET only: the kernel's ENETDOWN on its socket).
+    pub link_downed: u64,
     /// RoCEmu: connections refused before anything went on the wire because the two ends' GIDs
     /// are of different IP versions (an RTR whose source GID index names an address of the
     /// other version than the destination GID; a peer whose GID is of a version this RNIC has
@@ -497,6 +504,12 @@ impl Rnic {
     /// engine's address resolution finds it out before any verb does).
     pub(crate) fn count_gid_type_mismatch(&mut self) {
         self.dev.counters.gid_type_mismatch += 1;
+    }
+    /// Adds what the port counted since the last call: frames it dropped on transmit
+    /// (`send_err`) and link-down events (`link_downed`).
+    pub(crate) fn count_port_faults(&mut self, tx_dropped: u64, link_downed: u64) {
+        self.dev.counters.send_err += tx_dropped;
+        self.dev.counters.link_downed += link_downed;
     }
     /// Tells the RNIC the MAC of a peer address (the engine's neighbour table feeds this, on
     /// every confirmation; a program may set static entries). The RNIC keeps at most

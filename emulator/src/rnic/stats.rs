@@ -114,6 +114,8 @@ impl Counters {
             ("cq_overflow", self.cq_overflow),
             ("async_events_dropped", self.async_events_dropped),
             ("gid_type_mismatch", self.gid_type_mismatch),
+            ("send_err", self.send_err),
+            ("link_downed", self.link_downed),
         ]
     }
 
