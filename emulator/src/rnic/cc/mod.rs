@@ -1,0 +1,12 @@
+//! Congestion control (issue 17, step 1): the algorithms as sans-IO units, **not yet wired into
+//! the datapath** — nothing in the RNIC calls them yet; the transmit scheduler does not pace, the
+//! receive path sends no CNP. They take `now` and return decisions, like the rest of `rnic/`.
+//!
+//! ```text
+//! dcqcn.rs   DCQCN's reaction point per QP with mlx5's parameters (DcqcnParams, DcqcnRp)
+//! ```
+//!
+//! Sources and what is unverified: each file's opening comment and `docs/congestion.md`.
+pub mod dcqcn;
+
+pub use dcqcn::{CnpOutcome, DcqcnParams, DcqcnRp};

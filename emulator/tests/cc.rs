@@ -1,0 +1,317 @@
+//! The congestion-control algorithms of `rnic/cc/` (issue 17, step 1), driven by scripted
+//! events. Expected values come from the formulas, written here (the helpers below) or derived
+//! by hand in the comments, never from the code under test.
+use proptest::prelude::*;
+use rocemu_emulator::rnic::cc::{CnpOutcome, DcqcnParams, DcqcnRp};
+use rocemu_emulator::time::Nanos;
+
+fn us(v: u64) -> Nanos {
+    Nanos::from_micros(v)
+}
+
+// ---- the formulas (alpha held in 1/2^20, shown in 1/1024) ----
+
+/// One alpha period: `alpha·g/1024 + (1024 − g)` with a CNP in it, `alpha·g/1024` without.
+fn alpha_next(a_fine: u32, g: u32, cnp: bool) -> u32 {
+    let d = (a_fine as u64 * g as u64 / 1024) as u32;
+    if cnp {
+        (d + ((1024 - g) << 10)).min((1024 << 10) - 1)
+    } else {
+        d
+    }
+}
+
+/// The rate after a cut: `rc − min(rc·alpha/2^gd, rc·(1 − min_dec_fac))`, not below `min`.
+fn cut(rc: u64, a_fine: u32, gd: u32, min_dec_fac: u64, min: u64) -> u64 {
+    let by_alpha = ((rc as u128 * a_fine as u128) >> (gd + 10)) as u64;
+    let by_fac = rc * (100 - min_dec_fac) / 100;
+    (rc - by_alpha.min(by_fac)).max(min)
+}
+
+fn avg_up(a: u64, b: u64) -> u64 {
+    (a + b).div_ceil(2)
+}
+
+const LINE_10G: u32 = 10_000;
+
+#[test]
+fn idle_rp_runs_at_line_rate_without_timers() {
+    let mut rp = DcqcnRp::new(DcqcnParams::default(), LINE_10G);
+    assert_eq!(rp.rate_kbps(), 10_000_000);
+    assert_eq!(rp.next_deadline(), None);
+    rp.on_tx(us(5), 1 << 30);
+    rp.poll(us(10_000));
+    assert_eq!(rp.rate_kbps(), 10_000_000);
+    assert!(!rp.is_active());
+}
+
+#[test]
+fn first_cnp_cuts_by_alpha() {
+    let mut rp = DcqcnRp::new(DcqcnParams::default(), LINE_10G);
+    assert_eq!(rp.on_cnp(us(0)), CnpOutcome::Handled);
+    // alpha = initial_alpha_value 1023; cut = min(10^7·1023/2048, 10^7·50/100)
+    // = min(4_995_117.19, 5_000_000) → 4_995_117 kb/s: the rate is 5_004_883 kb/s, the target
+    // the old rate.
+    assert_eq!(rp.rate_kbps(), 5_004_883);
+    assert_eq!(rp.target_kbps(), 10_000_000);
+    assert_eq!(rp.alpha(), 1023);
+    // The alpha timer runs: the first tick 1 µs later.
+    assert_eq!(rp.next_deadline(), Some(us(1)));
+}
+
+#[test]
+fn min_dec_fac_bounds_the_cut() {
+    // With rpg_gd 1 the alpha term would cut ~all of the rate; min_dec_fac 80 % keeps 80 %.
+    let p = DcqcnParams {
+        rpg_gd: 1,
+        rpg_min_dec_fac: 80,
+        ..DcqcnParams::default()
+    };
+    let mut rp = DcqcnRp::new(p, LINE_10G);
+    rp.on_cnp(us(0));
+    // min(10^7·1023/2, 10^7·20/100 = 2_000_000) → 8_000_000.
+    assert_eq!(rp.rate_kbps(), 8_000_000);
+}
+
+#[test]
+fn rate_to_set_on_first_cnp_sets_both_rates() {
+    let p = DcqcnParams {
+        rate_to_set_on_first_cnp: 2_000,
+        ..DcqcnParams::default()
+    };
+    let mut rp = DcqcnRp::new(p, LINE_10G);
+    rp.on_cnp(us(0));
+    assert_eq!((rp.rate_kbps(), rp.target_kbps()), (2_000_000, 2_000_000));
+}
+
+#[test]
+fn alpha_and_rate_trajectory_of_a_cnp_script() {
+    let p = DcqcnParams::default();
+    let (g, gd, fac, min) = (p.dce_tcp_g, p.rpg_gd, p.rpg_min_dec_fac as u64, 1_000);
+    let mut rp = DcqcnRp::new(p, LINE_10G);
+    // CNPs at 0, 2.5 µs (in the monitor period of the first cut: ignored for the rate), 5 µs
+    // (a cut), 6.2 µs (ignored), then none; alpha ticks every 1 µs from 1 µs.
+    let cnps = [Nanos(0), Nanos(2_500), Nanos(5_000), Nanos(6_200)];
+    let outcomes: Vec<_> = cnps.iter().map(|&t| rp.on_cnp(t)).collect();
+    assert_eq!(
+        outcomes,
+        [
+            CnpOutcome::Handled,
+            CnpOutcome::Ignored,
+            CnpOutcome::Handled,
+            CnpOutcome::Ignored
+        ]
+    );
+    // Replay the formulas: periods (k-1, k] µs with a CNP: k = 1 (t=0), 3 (2.5), 6 (5.0: the
+    // tick at 5 µs is served before the CNP at 5 µs, so it falls in (5, 6]), 7 (6.2).
+    let mut a = 1023 << 10;
+    let mut rc = 10_000_000u64;
+    rc = cut(rc, a, gd, fac, min); // at 0
+    let mut want = Vec::new();
+    for k in 1..=10u64 {
+        a = alpha_next(a, g, matches!(k, 1 | 3 | 6 | 7));
+        if k == 5 {
+            rc = cut(rc, a, gd, fac, min); // the CNP at 5 µs sees alpha after the 5 µs tick
+        }
+        want.push((a, rc));
+    }
+    // Drive a fresh RP through the same script, observing after each tick.
+    let mut rp = DcqcnRp::new(p, LINE_10G);
+    let mut got = Vec::new();
+    let mut script = cnps.iter().peekable();
+    for k in 1..=10u64 {
+        while let Some(&&t) = script.peek() {
+            if t < us(k) || (t == us(k) && k != 5) {
+                rp.on_cnp(t);
+                script.next();
+            } else {
+                break;
+            }
+        }
+        rp.poll(us(k));
+        if k == 5 {
+            rp.on_cnp(us(5));
+            script.next();
+        }
+        got.push((rp.alpha_fine(), rp.rate_kbps()));
+    }
+    assert_eq!(got, want);
+    // By hand for the first tick: 1023·1024·1019/1024 + 5·1024 = 1_042_437 + 5_120 = 1_047_557.
+    assert_eq!(want[0].0, 1_047_557);
+}
+
+#[test]
+fn without_cnps_alpha_halves_in_about_141_us() {
+    let mut rp = DcqcnRp::new(DcqcnParams::default(), LINE_10G);
+    rp.on_cnp(us(0));
+    rp.poll(us(1)); // the period of the CNP: alpha stays at its top (1023)
+    assert_eq!(rp.alpha(), 1023);
+    let start = rp.alpha_fine();
+    let mut periods = 0;
+    let mut a = start;
+    while rp.alpha_fine() > start / 2 {
+        periods += 1;
+        rp.poll(us(1 + periods));
+        a = alpha_next(a, 1019, false);
+        assert_eq!(rp.alpha_fine(), a, "period {periods}");
+        assert!(periods < 1_000);
+    }
+    // ln 2 / ln(1024/1019) = 141.6 periods of dce_tcp_rtt = 1 µs.
+    assert!((141..=142).contains(&periods), "{periods} periods");
+}
+
+#[test]
+fn one_cut_per_monitor_period_in_a_cnp_burst() {
+    let p = DcqcnParams::default();
+    let mut rp = DcqcnRp::new(p, LINE_10G);
+    // A CNP every 100 ns for 20 µs: cuts at 0, 4, 8, 12, 16 µs only.
+    let mut handled = Vec::new();
+    for i in 0..200u64 {
+        if rp.on_cnp(Nanos(i * 100)) == CnpOutcome::Handled {
+            handled.push(i * 100);
+        }
+    }
+    assert_eq!(handled, [0, 4_000, 8_000, 12_000, 16_000]);
+    // The rate: five cuts, each with alpha after the ticks before it (every period had CNPs).
+    let mut a = 1023 << 10;
+    let mut rc = 10_000_000u64;
+    for k in 0..5u32 {
+        if k > 0 {
+            for _ in 0..4 {
+                a = alpha_next(a, p.dce_tcp_g, true);
+            }
+        }
+        rc = cut(rc, a, p.rpg_gd, p.rpg_min_dec_fac as u64, 1_000);
+    }
+    assert_eq!(rp.rate_kbps(), rc);
+}
+
+#[test]
+fn recovery_fast_then_additive_then_hyper() {
+    let p = DcqcnParams::default();
+    let mut rp = DcqcnRp::new(p, LINE_10G);
+    // Two cuts so that the target is below line rate: at 0 and at 4 µs.
+    rp.on_cnp(us(0));
+    rp.on_cnp(us(4));
+    let mut a = 1023 << 10;
+    let mut rc = cut(10_000_000, a, p.rpg_gd, 50, 1_000);
+    for k in 1..=4 {
+        a = alpha_next(a, p.dce_tcp_g, k == 1);
+    }
+    let mut rt = rc;
+    rc = cut(rc, a, p.rpg_gd, 50, 1_000);
+    assert_eq!((rp.rate_kbps(), rp.target_kbps()), (rc, rt));
+    // Timer events every 300 µs from the last cut (4 µs). T=1: max(T,BC)=1 ≤ F=1: fast recovery.
+    rp.poll(us(304));
+    rc = avg_up(rt, rc);
+    assert_eq!(
+        (rp.stages(), rp.rate_kbps(), rp.target_kbps()),
+        ((1, 0), rc, rt)
+    );
+    // T=2: max 2 > F, min 0 ≤ F: additive, rt + 5 Mb/s.
+    rp.poll(us(604));
+    rt += 5_000;
+    rc = avg_up(rt, rc);
+    assert_eq!(
+        (rp.stages(), rp.rate_kbps(), rp.target_kbps()),
+        ((2, 0), rc, rt)
+    );
+    // Bytes: 32767·64 = 2_097_088 bytes make BC=1: min(2,1)=1 ≤ F: additive again.
+    rp.on_tx(us(700), 2_097_087);
+    assert_eq!(rp.stages(), (2, 0));
+    rp.on_tx(us(700), 1);
+    rt += 5_000;
+    rc = avg_up(rt, rc);
+    assert_eq!(
+        (rp.stages(), rp.rate_kbps(), rp.target_kbps()),
+        ((2, 1), rc, rt)
+    );
+    // BC=2: min(2,2)=2 > F: hyper increase, rt + 50 Mb/s.
+    rp.on_tx(us(701), 2_097_088);
+    rt += 50_000;
+    rc = avg_up(rt, rc);
+    assert_eq!(
+        (rp.stages(), rp.rate_kbps(), rp.target_kbps()),
+        ((2, 2), rc, rt)
+    );
+    // A cut resets the stages.
+    rp.on_cnp(us(702));
+    assert_eq!(rp.stages(), (0, 0));
+}
+
+#[test]
+fn full_recovery_goes_idle() {
+    let mut rp = DcqcnRp::new(DcqcnParams::default(), 100);
+    rp.on_cnp(us(0));
+    assert!(rp.rate_kbps() < 100_000);
+    // The target is line rate; every 300 µs the rate halves its distance to it (rounded up):
+    // from ~50_000 kb/s short, 17 steps at most.
+    rp.poll(us(300 * 20));
+    assert_eq!(rp.rate_kbps(), 100_000);
+    assert!(!rp.is_active());
+    assert_eq!(rp.next_deadline(), None);
+}
+
+#[derive(Debug, Clone)]
+enum Ev {
+    Cnp(u64),
+    Tx(u64, u64),
+    Poll(u64),
+}
+
+fn ev() -> impl Strategy<Value = Ev> {
+    prop_oneof![
+        (0u64..20_000).prop_map(Ev::Cnp),
+        (0u64..20_000, 0u64..10_000_000).prop_map(|(d, b)| Ev::Tx(d, b)),
+        (0u64..2_000_000).prop_map(Ev::Poll),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+    #[test]
+    fn rate_stays_between_min_and_line(
+        line in 1u32..400_000,
+        min_rate in 0u32..200,
+        gd in 0u32..16,
+        fac in 0u32..=100,
+        ai in 0u32..1_000,
+        hai in 0u32..10_000,
+        time_reset in 0u32..1_000,
+        byte_reset in 0u32..100_000,
+        threshold in 0u32..6,
+        first in 0u32..500_000,
+        clamp in 0u32..2,
+        events in proptest::collection::vec(ev(), 1..200),
+    ) {
+        let p = DcqcnParams {
+            rpg_min_rate: min_rate,
+            rpg_gd: gd,
+            rpg_min_dec_fac: fac,
+            rpg_ai_rate: ai,
+            rpg_hai_rate: hai,
+            rpg_time_reset: time_reset,
+            rpg_byte_reset: byte_reset,
+            rpg_threshold: threshold,
+            rate_to_set_on_first_cnp: first,
+            clamp_tgt_rate: clamp,
+            ..DcqcnParams::default()
+        };
+        let mut rp = DcqcnRp::new(p, line);
+        let (lo, hi) = ((min_rate.min(line)) as u64 * 1_000, line as u64 * 1_000);
+        let mut now = 0u64;
+        for e in events {
+            match e {
+                Ev::Cnp(d) => { now += d; rp.on_cnp(Nanos(now)); }
+                Ev::Tx(d, b) => { now += d; rp.on_tx(Nanos(now), b); }
+                Ev::Poll(d) => { now += d; rp.poll(Nanos(now)); }
+            }
+            prop_assert!(rp.rate_kbps() >= lo && rp.rate_kbps() <= hi, "rate {}", rp.rate_kbps());
+            prop_assert!(rp.rate_kbps() <= rp.target_kbps() && rp.target_kbps() <= hi);
+            prop_assert!(rp.alpha() <= 1023);
+            if let Some(d) = rp.next_deadline() {
+                prop_assert!(d > Nanos(now));
+            }
+        }
+    }
+}
