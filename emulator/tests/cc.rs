@@ -315,3 +315,123 @@ proptest! {
         }
     }
 }
+
+// ---- the notification point ----
+
+mod np {
+    use super::us;
+    use rocemu_emulator::rnic::cc::{build_cnp, CnpFields, CnpPacer, DcqcnParams};
+    use rocemu_emulator::time::Nanos;
+    use rocemu_wire::capture::CaptureReader;
+    use rocemu_wire::eth::Mac;
+    use rocemu_wire::{parse_frame, Opcode, Qpn};
+    use std::path::PathBuf;
+
+    #[test]
+    fn one_cnp_per_qp_per_min_time_between_cnps() {
+        let p = DcqcnParams::default();
+        let mut pacer = CnpPacer::new(64, p.min_time_between_cnps);
+        // Three QPs (distinct entries of the 64), a CE-marked packet every 100 ns in turn for
+        // 20 µs: each QP gets a CNP at its first mark and then at the first mark ≥ 4 µs later.
+        let qps = [Qpn::new(0x11), Qpn::new(0x12), Qpn::new(0x118)];
+        let mut sent: Vec<Vec<u64>> = vec![Vec::new(); 3];
+        for i in 0..600u64 {
+            let t = i / 3 * 100; // the three QPs' marks at the same instant, every 100 ns
+            let q = (i % 3) as usize;
+            if pacer.on_ce(qps[q], Nanos(t)) {
+                sent[q].push(t);
+            }
+        }
+        // QP q's marks are at i ≡ q (mod 3), t = ⌊i/3⌋·100 ns. Expected: its first mark, then
+        // each first mark ≥ 4000 ns after the last CNP: 0, 4, 8, 12, 16 µs.
+        for (q, got) in sent.iter().enumerate() {
+            let marks: Vec<u64> = (0..600u64)
+                .filter(|i| i % 3 == q as u64)
+                .map(|i| i / 3 * 100)
+                .collect();
+            let mut want = vec![marks[0]];
+            for &m in &marks {
+                if m >= want.last().unwrap() + 4_000 {
+                    want.push(m);
+                }
+            }
+            assert_eq!(got, &want, "QP {q}");
+            assert_eq!(got, &[0, 4_000, 8_000, 12_000, 16_000], "QP {q}");
+        }
+    }
+
+    #[test]
+    fn a_shared_entry_never_withholds_a_cnp() {
+        // One entry for two QPs: they evict each other, and each gets a CNP on every mark.
+        let mut pacer = CnpPacer::new(1, 4);
+        assert_eq!(pacer.entries(), 1);
+        let (a, b) = (Qpn::new(5), Qpn::new(6));
+        assert!(pacer.on_ce(a, us(0)));
+        assert!(!pacer.on_ce(a, us(1)));
+        assert!(pacer.on_ce(b, us(1)));
+        assert!(pacer.on_ce(a, us(2)));
+        // Zero entries are one entry; the clock going back does not open the gate.
+        let mut p0 = CnpPacer::new(0, 4);
+        assert!(p0.on_ce(a, us(10)));
+        assert!(!p0.on_ce(a, us(9)));
+        assert!(p0.on_ce(a, us(14)));
+    }
+
+    fn capture() -> Vec<u8> {
+        let path =
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../wire/tests/data/cx4lx_cnp.pcap");
+        let mut r = CaptureReader::open(path).unwrap();
+        r.next_frame().unwrap().unwrap().data
+    }
+
+    fn cx4lx_fields() -> CnpFields {
+        // The capture's fields (wire/tests/data/PROVENANCE.md): e4:1d:2d:ab:2b:c2 ←
+        // 7c:fe:90:64:3b:32, 10.0.17.1 → 10.0.18.1, TOS 0xc2, ident 0x718c, TTL 64, UDP source
+        // port 0, DQPN 0x118.
+        CnpFields {
+            src_mac: Mac([0x7c, 0xfe, 0x90, 0x64, 0x3b, 0x32]),
+            dst_mac: Mac([0xe4, 0x1d, 0x2d, 0xab, 0x2b, 0xc2]),
+            src_ip: "10.0.17.1".parse().unwrap(),
+            dst_ip: "10.0.18.1".parse().unwrap(),
+            dqpn: Qpn::new(0x118),
+            dscp: DcqcnParams::default().cnp_dscp,
+            ecn: 2,
+            vlan: None,
+            prio: DcqcnParams::default().cnp_802p_prio,
+            ttl: 64,
+            ip_ident: 0x718c,
+            udp_sport: 0,
+            flow_label: 0,
+        }
+    }
+
+    #[test]
+    fn cnp_is_bit_exact_with_the_connectx4_lx_capture() {
+        let want = capture();
+        assert_eq!(want.len(), 74);
+        let mut buf = [0u8; 128];
+        let n = build_cnp(&mut buf, &cx4lx_fields()).unwrap();
+        assert_eq!(&buf[..n], &want[..], "every byte, ICRC 82fd002a included");
+        assert_eq!(&buf[70..74], &[0x82, 0xfd, 0x00, 0x2a]);
+    }
+
+    #[test]
+    fn tagged_cnp_carries_the_802_1p_priority() {
+        let mut f = cx4lx_fields();
+        f.vlan = Some(100);
+        let mut buf = [0u8; 128];
+        let n = build_cnp(&mut buf, &f).unwrap();
+        assert_eq!(n, 78);
+        let p = parse_frame(&buf[..n]).unwrap();
+        let tag = p.eth.vlan.unwrap();
+        assert_eq!((tag.pcp, tag.vid), (6, 100));
+        assert_eq!(p.opcode(), Opcode::CNP);
+        assert!(p.bth.becn && p.icrc_ok());
+        assert_eq!(
+            (p.bth.dqpn, p.bth.psn.value(), p.ip.dscp()),
+            (Qpn::new(0x118), 0, 48)
+        );
+        // A buffer too small is an error, not a panic.
+        assert!(build_cnp(&mut buf[..70], &f).is_err());
+    }
+}

@@ -4,9 +4,12 @@
 //!
 //! ```text
 //! dcqcn.rs   DCQCN's reaction point per QP with mlx5's parameters (DcqcnParams, DcqcnRp)
+//! np.rs      DCQCN's notification point: CNP pacing per QP (CnpPacer) and the CNP frame
 //! ```
 //!
 //! Sources and what is unverified: each file's opening comment and `docs/congestion.md`.
 pub mod dcqcn;
+pub mod np;
 
 pub use dcqcn::{CnpOutcome, DcqcnParams, DcqcnRp};
+pub use np::{build_cnp, CnpFields, CnpPacer};
