@@ -435,3 +435,93 @@ mod np {
         assert!(build_cnp(&mut buf[..70], &f).is_err());
     }
 }
+
+// ---- the rate limiter ----
+
+mod limiter {
+    use proptest::prelude::*;
+    use rocemu_emulator::rnic::cc::RateLimiter;
+    use rocemu_emulator::time::Nanos;
+
+    /// A greedy sender: each packet leaves as early as the limiter allows, from `start` on.
+    fn greedy(l: &mut RateLimiter, start: u64, sizes: &[u64]) -> Vec<u64> {
+        let mut now = Nanos(start);
+        sizes
+            .iter()
+            .map(|&b| {
+                now = l.earliest(now, b).unwrap();
+                assert!(l.may_send(now, b));
+                l.on_send(now, b);
+                now.as_nanos()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn paces_at_the_rate() {
+        // 1000 bytes at 1 Gb/s = 8000 bits / 10^9 b/s = 8 µs apart, no burst.
+        let mut l = RateLimiter::new(1_000_000, 0);
+        let d = greedy(&mut l, 0, &[1000; 10]);
+        assert_eq!(d, (0..10).map(|k| k * 8_000).collect::<Vec<_>>());
+        // Not before its time: 1 ns early is refused.
+        assert!(!l.may_send(Nanos(79_999), 1000));
+        assert!(l.may_send(Nanos(80_000), 1000));
+    }
+
+    #[test]
+    fn fractional_nanoseconds_do_not_drift() {
+        // 64 bytes at 100 Gb/s = 512 bits / 10^11 b/s = 5.12 ns: the k-th at ⌊5.12·k⌋ ns.
+        let mut l = RateLimiter::new(100_000_000, 0);
+        let d = greedy(&mut l, 0, &[64; 1000]);
+        let want: Vec<u64> = (0..1000u64).map(|k| k * 512 / 100).collect();
+        assert_eq!(d, want);
+    }
+
+    #[test]
+    fn burst_then_rate() {
+        // Burst 4000 bytes at 1 Gb/s: four 1000-byte packets at once, then one per 8 µs.
+        let mut l = RateLimiter::new(1_000_000, 4000);
+        let d = greedy(&mut l, 0, &[1000; 7]);
+        assert_eq!(d, [0, 0, 0, 0, 8_000, 16_000, 24_000]);
+        // Idle refills the bucket, not beyond the burst.
+        let d = greedy(&mut l, 1_000_000, &[1000; 5]);
+        assert_eq!(d, [1_000_000, 1_000_000, 1_000_000, 1_000_000, 1_008_000]);
+        // A packet larger than the burst goes alone once the bucket is full.
+        let mut l = RateLimiter::new(1_000_000, 100);
+        assert_eq!(greedy(&mut l, 0, &[1000, 1000]), [0, 8_000]);
+    }
+
+    #[test]
+    fn rate_change_and_zero_rate() {
+        let mut l = RateLimiter::new(1_000_000, 0);
+        l.on_send(Nanos(0), 1000); // next at 8 µs at 1 Gb/s
+        l.set_rate(2_000_000); // what is sent from now on costs half: 1000 bytes = 4 µs
+        assert_eq!(greedy(&mut l, 0, &[1000, 1000]), [8_000, 12_000]);
+        l.set_rate(0);
+        assert_eq!(l.earliest(Nanos(50_000), 64), None);
+        assert!(!l.may_send(Nanos(u64::MAX), 64));
+    }
+
+    proptest! {
+        #[test]
+        fn bytes_in_any_window_within_burst_plus_rate(
+            rate in 1u64..200_000_000,
+            burst in 0u64..20_000,
+            sizes in proptest::collection::vec(1u64..9_000, 1..100),
+        ) {
+            let mut l = RateLimiter::new(rate, burst);
+            let d = greedy(&mut l, 0, &sizes);
+            let cap = burst.max(*sizes.iter().max().unwrap()) as u128;
+            for i in 0..d.len() {
+                for j in i..d.len() {
+                    let bytes: u128 = sizes[i..=j].iter().map(|&b| b as u128).sum();
+                    // In bytes·8·10^6 (= ns·kb/s): the burst (or the largest packet) plus the
+                    // window at the rate, plus 1 ns of the departures' rounding down.
+                    let allowed = cap * 8_000_000 + ((d[j] - d[i]) as u128 + 1) * rate as u128;
+                    prop_assert!(bytes * 8_000_000 <= allowed,
+                        "{bytes} bytes in [{}, {}]", d[i], d[j]);
+                }
+            }
+        }
+    }
+}

@@ -5,11 +5,14 @@
 //! ```text
 //! dcqcn.rs   DCQCN's reaction point per QP with mlx5's parameters (DcqcnParams, DcqcnRp)
 //! np.rs      DCQCN's notification point: CNP pacing per QP (CnpPacer) and the CNP frame
+//! limiter.rs a pacing token bucket per QP (RateLimiter): next departure from rate and bytes
 //! ```
 //!
 //! Sources and what is unverified: each file's opening comment and `docs/congestion.md`.
 pub mod dcqcn;
+pub mod limiter;
 pub mod np;
 
 pub use dcqcn::{CnpOutcome, DcqcnParams, DcqcnRp};
+pub use limiter::RateLimiter;
 pub use np::{build_cnp, CnpFields, CnpPacer};
