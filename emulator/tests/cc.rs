@@ -525,3 +525,126 @@ mod limiter {
         }
     }
 }
+
+// ---- TIMELY ----
+
+mod timely {
+    use proptest::prelude::*;
+    use rocemu_emulator::rnic::cc::{TimelyParams, TimelyRp, TimelyRule};
+
+    const LINE: u32 = 10_000; // Mb/s
+
+    #[test]
+    fn trace_by_hand() {
+        let mut t = TimelyRp::new(TimelyParams::default(), LINE);
+        // 1) 600 µs > Thigh: rate·(1 − 0.8·(1 − 500/600)) = 10^7 − 10^7·0.8/6 = 10^7 − 1_333_333.
+        assert_eq!(t.on_rtt(600_000), TimelyRule::AboveThigh);
+        assert_eq!(t.rate_kbps(), 8_666_667);
+        // 2) 100 µs: diff −500 µs, EWMA 0.875·(−500) = −437.5 µs, gradient −437.5/20 < 0: +δ.
+        assert_eq!(t.on_rtt(100_000), TimelyRule::Increase { n: 1 });
+        assert_eq!(t.rtt_diff_milli_ns(), -437_500_000);
+        assert_eq!(t.gradient_milli(), -21_875);
+        assert_eq!(t.rate_kbps(), 8_676_667);
+        // 3) 120 µs: diff +20 µs, EWMA 0.125·(−437.5) + 0.875·20 = −37.1875 µs: +δ.
+        assert_eq!(t.on_rtt(120_000), TimelyRule::Increase { n: 1 });
+        assert_eq!(t.rtt_diff_milli_ns(), -37_187_500);
+        assert_eq!(t.rate_kbps(), 8_686_667);
+        // 4) 30 µs < Tlow: +δ whatever the gradient.
+        assert_eq!(t.on_rtt(30_000), TimelyRule::BelowTlow);
+        assert_eq!(t.rate_kbps(), 8_696_667);
+    }
+
+    #[test]
+    fn rising_rtt_cuts_by_beta_times_gradient() {
+        let mut t = TimelyRp::new(TimelyParams::default(), LINE);
+        t.on_rtt(100_000); // first sample: gradient 0, +δ at line rate stays at line rate
+        assert_eq!(t.rate_kbps(), 10_000_000);
+        // 110 µs: EWMA 0.875·10 µs = 8.75 µs, gradient 8.75/20 = 0.4375 → 437 (1/1000, floored);
+        // cut 10^7·0.8·0.437 = 3_496_000.
+        assert_eq!(t.on_rtt(110_000), TimelyRule::Decrease);
+        assert_eq!(t.gradient_milli(), 437);
+        assert_eq!(t.rate_kbps(), 6_504_000);
+    }
+
+    #[test]
+    fn a_zero_gradient_increases() {
+        // With min_rtt 1 s every gradient truncates to 0 (1/1000): the rule is +δ, not a cut of 0.
+        let p = TimelyParams {
+            min_rtt_us: 1_000_000,
+            ..TimelyParams::default()
+        };
+        let mut t = TimelyRp::new(p, LINE);
+        t.on_rtt(600_000);
+        assert_eq!(t.rate_kbps(), 8_666_667);
+        assert_eq!(t.on_rtt(300_000), TimelyRule::Increase { n: 1 });
+        assert_eq!(t.gradient_milli(), 0);
+        assert_eq!(t.rate_kbps(), 8_676_667);
+    }
+
+    #[test]
+    fn hyper_additive_after_five_negative_gradients() {
+        let mut t = TimelyRp::new(TimelyParams::default(), LINE);
+        t.on_rtt(600_000); // below line rate first
+        let r0 = t.rate_kbps();
+        // Falling RTTs between Tlow and Thigh: every gradient negative.
+        let rules: Vec<_> = (0..8u64).map(|k| t.on_rtt(400_000 - k * 10_000)).collect();
+        let ns: Vec<u32> = rules
+            .iter()
+            .map(|r| match r {
+                TimelyRule::Increase { n } => *n,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        // The count: 1 at 400 µs (diff −200 µs), …, 5 at the fifth sample: N = 5 from there.
+        assert_eq!(ns, [1, 1, 1, 1, 5, 5, 5, 5]);
+        let steps: u64 = ns.iter().map(|&n| n as u64).sum();
+        assert_eq!(t.rate_kbps(), r0 + steps * 10_000);
+    }
+
+    /// The formula, in the units of the module doc, for the proptest's trace comparison.
+    fn model(p: &TimelyParams, line: u64, rtts: &[u64]) -> Vec<u64> {
+        let (mut rate, mut prev, mut diff, mut neg) = (line, None::<i64>, 0i64, 0u32);
+        let (a, b) = (p.alpha_milli as i64, p.beta_milli as u128);
+        let mut out = Vec::new();
+        for &r in rtts {
+            let nd = prev.map_or(0, |q| r as i64 - q);
+            prev = Some(r as i64);
+            diff = ((1000 - a) * diff + a * nd * 1000) / 1000;
+            let g = diff / (p.min_rtt_us as i64 * 1000);
+            neg = if g < 0 { neg + 1 } else { 0 };
+            let d = p.delta_mbps as u64 * 1000;
+            rate = if r < p.t_low_us as u64 * 1000 {
+                rate + d
+            } else if r > p.t_high_us as u64 * 1000 {
+                let th = p.t_high_us as u128 * 1000;
+                rate.saturating_sub(
+                    (rate as u128 * b * (r as u128 - th) / (r as u128 * 1000)) as u64,
+                )
+            } else if g <= 0 {
+                rate + d * if neg >= p.hai_after {
+                    p.hai_n as u64
+                } else {
+                    1
+                }
+            } else {
+                rate.saturating_sub((rate as u128 * b * g as u128 / 1_000_000) as u64)
+            };
+            rate = rate.clamp(p.min_rate_mbps as u64 * 1000, line);
+            out.push(rate);
+        }
+        out
+    }
+
+    proptest! {
+        #[test]
+        fn rate_follows_the_formula_within_bounds(rtts in proptest::collection::vec(0u64..2_000_000, 1..300)) {
+            let p = TimelyParams::default();
+            let mut t = TimelyRp::new(p, LINE);
+            let got: Vec<u64> = rtts.iter().map(|&r| { t.on_rtt(r); t.rate_kbps() }).collect();
+            for &r in &got {
+                prop_assert!((1_000..=10_000_000).contains(&r));
+            }
+            prop_assert_eq!(got, model(&p, 10_000_000, &rtts));
+        }
+    }
+}
