@@ -252,6 +252,29 @@ fn full_recovery_goes_idle() {
     assert_eq!(rp.next_deadline(), None);
 }
 
+#[test]
+fn a_long_gap_with_no_increase_steps_is_served_at_once() {
+    // rpg_ai_rate = rpg_hai_rate = 0 and rt = rc: increases change nothing, and an hour of
+    // 1 µs increase ticks (3.6·10^9) is counted, not looped (alpha has decayed to 0 meanwhile).
+    let p = DcqcnParams {
+        rpg_ai_rate: 0,
+        rpg_hai_rate: 0,
+        rpg_time_reset: 1,
+        ..DcqcnParams::default()
+    };
+    let mut rp = DcqcnRp::new(p, LINE_10G);
+    rp.on_cnp(us(0));
+    rp.on_cnp(us(4)); // a second cut: rt = rc
+    rp.poll(us(100)); // fast recovery leaves rc = rt; ticks at 5..=100 µs
+    assert_eq!(rp.rate_kbps(), rp.target_kbps());
+    assert_eq!(rp.stages().0, 96);
+    let hour = 3_600_000_000u64; // µs
+    rp.poll(us(hour));
+    assert_eq!(rp.stages().0 as u64, (hour - 4).min(u32::MAX as u64));
+    assert_eq!(rp.alpha(), 0);
+    assert!(rp.next_deadline().unwrap() > us(hour));
+}
+
 #[derive(Debug, Clone)]
 enum Ev {
     Cnp(u64),

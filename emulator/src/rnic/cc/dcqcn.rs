@@ -313,8 +313,18 @@ impl DcqcnRp {
             if self.next_alpha <= d {
                 self.alpha_tick(now);
             } else {
-                let t = self.p.rpg_time_reset.max(1);
-                self.next_increase = Some(d + Nanos(us(t)));
+                let t = us(self.p.rpg_time_reset.max(1));
+                if self.rc == self.rt && self.p.rpg_ai_rate == 0 && self.p.rpg_hai_rate == 0 {
+                    // No increase can change a rate (rt = rc, no steps): serve every due tick
+                    // at once, so that a long gap with such parameters costs no loop.
+                    let n = (now.as_nanos() - d.as_nanos()) / t + 1;
+                    self.next_increase = Some(Nanos(d.as_nanos().saturating_add(n * t)));
+                    self.t_stage = self
+                        .t_stage
+                        .saturating_add(n.min(u64::from(u32::MAX)) as u32);
+                    continue;
+                }
+                self.next_increase = Some(d + Nanos(t));
                 self.t_stage = self.t_stage.saturating_add(1);
                 self.increase();
             }
