@@ -29,6 +29,7 @@
 //! mr.rs         the memory table: PDs, MRs, key and bounds checks, gather and scatter
 //! verbs.rs      the verbs-facing types, named after ibverbs
 //! stats.rs      counters by name, and each QP's state and counters (`rocemu stats`)
+//! cc/           congestion control algorithms (DCQCN, ...): sans-IO units, not yet in the datapath
 //! ```
 //!
 //! Invariants: nothing here reads a clock (every entry point takes `now`), opens a socket or
@@ -36,6 +37,7 @@
 //! idempotent; a frame from the wire, whatever it holds, is answered per the spec or dropped and
 //! counted — never a panic, never a byte outside a memory region.
 #![forbid(unsafe_code)]
+pub mod cc;
 mod completer;
 mod cq;
 mod device;
