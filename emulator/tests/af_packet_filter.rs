@@ -3,6 +3,7 @@
 //! kind are sent from one end; only the RoCE and neighbour frames may come out of the other
 //! end's `rx_burst`. Needs root (scripts/test runs as root).
 #![allow(unsafe_code)]
+mod netns;
 use rocemu_emulator::port::af_packet::{roce_filter, AfPacketOptions, AfPacketPort};
 use rocemu_emulator::port::Port;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -15,48 +16,14 @@ const OURS6: Ipv6Addr = Ipv6Addr::new(0xfd98, 0, 0, 0, 0, 0, 0, 1);
 /// The source MAC of every test frame: frames from anyone else (the kernel) are not counted.
 const SRC: [u8; 6] = [0x02, 0x52, 0x4e, 0x47, 0x00, 0x01];
 
-fn ip(args: &[&str]) {
-    let out = Command::new("ip").args(args).output().expect("ip");
-    assert!(
-        out.status.success(),
-        "ip {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// The namespace, deleted on drop (with the veth pair in it).
-struct Ns;
-impl Drop for Ns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", NS]).status();
-    }
-}
-
-fn setup() -> Ns {
-    assert!(
-        unsafe { libc::geteuid() } == 0,
-        "needs root (network namespaces)"
-    );
-    let _ = Command::new("ip").args(["netns", "del", NS]).output();
-    ip(&["netns", "add", NS]);
-    let ns = Ns;
-    ip(&[
-        "-n", NS, "link", "add", "rngf0", "type", "veth", "peer", "name", "rngf1",
-    ]);
-    // No IPv6 on the pair: the kernel's own router solicitations and MLD reports stay away.
-    for i in ["rngf0", "rngf1"] {
+fn setup() -> netns::Ns {
+    netns::veth_ns(NS, "rngf0", "rngf1", |i| {
+        // No IPv6 on the pair: the kernel's own router solicitations and MLD reports stay away.
         let _ = Command::new("ip")
             .args(["netns", "exec", NS, "sysctl", "-qw"])
             .arg(format!("net.ipv6.conf.{i}.disable_ipv6=1"))
             .status();
-        ip(&["-n", NS, "link", "set", i, "up"]);
-    }
-    let f = std::fs::File::open(format!("/var/run/netns/{NS}")).unwrap();
-    use std::os::fd::AsRawFd;
-    // SAFETY: an open namespace file; setns changes only this thread's network namespace.
-    assert_eq!(unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) }, 0);
-    ns
+    })
 }
 
 /// An Ethernet frame to `dst` from [`SRC`], with an optional 802.1Q tag; `mark` (2 bytes) ends

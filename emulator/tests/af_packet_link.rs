@@ -3,54 +3,19 @@
 //! refuses is a `send_err`, on the port and, through the engine, on the RNIC. A veth pair in a
 //! network namespace of its own. Needs root (scripts/test runs as root).
 #![allow(unsafe_code)]
+mod netns;
 use rocemu_emulator::engine::Engine;
 use rocemu_emulator::port::af_packet::{AfPacketOptions, AfPacketPort};
 use rocemu_emulator::port::Port;
 use rocemu_emulator::rnic::{Rnic, RnicConfig};
 use std::net::{IpAddr, Ipv4Addr};
-use std::process::Command;
 use std::time::Duration;
 
 const NS: &str = "rngl";
 
-fn ip(args: &[&str]) {
-    let out = Command::new("ip").args(args).output().expect("ip");
-    assert!(
-        out.status.success(),
-        "ip {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// The namespace, deleted on drop (with the veth pair in it).
-struct Ns;
-impl Drop for Ns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", NS]).status();
-    }
-}
-
 #[test]
 fn a_link_going_down_is_one_link_downed_and_a_refused_frame_a_send_err() {
-    assert!(
-        unsafe { libc::geteuid() } == 0,
-        "needs root (network namespaces)"
-    );
-    let _ = Command::new("ip").args(["netns", "del", NS]).output();
-    ip(&["netns", "add", NS]);
-    let _ns = Ns;
-    ip(&[
-        "-n", NS, "link", "add", "rngl0", "type", "veth", "peer", "name", "rngl1",
-    ]);
-    for i in ["rngl0", "rngl1"] {
-        ip(&["-n", NS, "link", "set", i, "up"]);
-    }
-    let f = std::fs::File::open(format!("/var/run/netns/{NS}")).unwrap();
-    use std::os::fd::AsRawFd;
-    // SAFETY: an open namespace file; setns changes only this thread's network namespace.
-    assert_eq!(unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) }, 0);
-
+    let _ns = netns::veth_ns(NS, "rngl0", "rngl1", |_| {});
     let me = IpAddr::V4(Ipv4Addr::new(10, 97, 0, 1));
     let port = AfPacketPort::open(
         "rngl0",
@@ -68,7 +33,7 @@ fn a_link_going_down_is_one_link_downed_and_a_refused_frame_a_send_err() {
     assert_eq!(rnic.counters().link_downed, 0);
     assert_eq!(rnic.counters().send_err, 0);
 
-    ip(&["-n", NS, "link", "set", "rngl0", "down"]);
+    netns::ip(&["-n", NS, "link", "set", "rngl0", "down"]);
     for _ in 0..10 {
         e.poll(&mut rnic);
     }

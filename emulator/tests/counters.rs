@@ -548,13 +548,7 @@ fn a_response_older_than_the_one_awaited_is_rx_drop_duplicate_resp() {
     let mut t = BedCfg::new(QpType::Rc).both(|o| o.timeout = 0).build();
     let (ra, rk) = t.raddr(B, 0x1000);
     // Every response is lost, so the READ stays outstanding (no timer: timeout 0).
-    t.filter = Box::new(|p| {
-        if p.dir == Dir::BA {
-            Verdict::Drop
-        } else {
-            Verdict::Pass
-        }
-    });
+    t.filter = drop_dir(Dir::BA);
     let read = WrOpcode::RdmaRead {
         remote_addr: ra,
         rkey: rk,
@@ -702,13 +696,7 @@ fn ack_timeouts_until_retry_cnt_is_spent() {
             o.retry_cnt = 2;
         })
         .build();
-    t.filter = Box::new(|p| {
-        if p.dir == Dir::AB {
-            Verdict::Drop
-        } else {
-            Verdict::Pass
-        }
-    });
+    t.filter = drop_dir(Dir::AB);
     t.post_send(A, wr(1, WrOpcode::Send, vec![t.sge(A, 0, 8)]));
     let (wa, _) = t.settle();
     assert_eq!(st(&wa), vec![(1, WcStatus::RetryExcErr)]);
@@ -738,13 +726,7 @@ fn flushed_sends_count_in_rdma_sends_as_rxe_counts_them() {
             o.retry_cnt = 1;
         })
         .build();
-    t.filter = Box::new(|p| {
-        if p.dir == Dir::AB {
-            Verdict::Drop
-        } else {
-            Verdict::Pass
-        }
-    });
+    t.filter = drop_dir(Dir::AB);
     let (ra, rk) = t.raddr(B, 0x1000);
     let write = WrOpcode::RdmaWrite {
         remote_addr: ra,

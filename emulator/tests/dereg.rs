@@ -81,13 +81,7 @@ fn write_retransmitted_after_its_region_went_away_fails_and_sends_nothing() {
     let mut t = bed256();
     t.fill(B, 0x1000, &[0xee; 600]);
     let src = extra_mr(&mut t, A, 4096, 0x5a);
-    t.filter = Box::new(|p| {
-        if p.dir == Dir::AB {
-            Verdict::Drop
-        } else {
-            Verdict::Pass
-        }
-    });
+    t.filter = drop_dir(Dir::AB);
     let (ra, rk) = t.raddr(B, 0x1000);
     t.post_send(
         A,
@@ -313,13 +307,7 @@ fn earlier_unacknowledged_work_requests_are_flushed_not_completed() {
     // QP enters ERR (rxe flushes every WQE still on the send queue), never SUCCESS, which would
     // tell the program its data arrived.
     let mut t = bed256();
-    t.filter = Box::new(|p| {
-        if p.dir == Dir::BA {
-            Verdict::Drop
-        } else {
-            Verdict::Pass
-        }
-    });
+    t.filter = drop_dir(Dir::BA);
     let (ra, rk) = t.raddr(B, 0x1000);
     t.post_send(
         A,

@@ -205,13 +205,7 @@ fn local_ack_timeouts_then_retry_exhaustion() {
                 o.retry_cnt = 3;
             })
             .build();
-        t.filter = Box::new(|p| {
-            if p.dir == Dir::AB {
-                Verdict::Drop
-            } else {
-                Verdict::Pass
-            }
-        });
+        t.filter = drop_dir(Dir::AB);
         t.post_send(A, wr(1, WrOpcode::Send, vec![t.sge(A, 0, 8)]));
         let (wa, _) = t.settle();
         assert_eq!(st(&wa), vec![(1, WcStatus::RetryExcErr)]);
@@ -290,13 +284,7 @@ fn the_level_filter_keeps_debug_events_out() {
                 o.retry_cnt = 1;
             })
             .build();
-        t.filter = Box::new(|p| {
-            if p.dir == Dir::AB {
-                Verdict::Drop
-            } else {
-                Verdict::Pass
-            }
-        });
+        t.filter = drop_dir(Dir::AB);
         t.post_send(A, wr(1, WrOpcode::Send, vec![t.sge(A, 0, 8)]));
         t.settle();
     });

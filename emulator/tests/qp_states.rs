@@ -116,13 +116,7 @@ fn post_send_needs_rts_post_recv_needs_init() {
 fn modify_to_err_flushes_sq_and_rq_signaled_or_not() {
     let mut t = Bed::rc();
     // Nothing reaches B: the sends stay outstanding.
-    t.filter = Box::new(|p| {
-        if p.dir == Dir::AB {
-            Verdict::Drop
-        } else {
-            Verdict::Pass
-        }
-    });
+    t.filter = drop_dir(Dir::AB);
     t.post_recv(A, 10, 0, 64);
     t.post_recv(A, 11, 64, 64);
     t.post_send(A, wr(1, WrOpcode::Send, vec![t.sge(A, 0, 8)]));

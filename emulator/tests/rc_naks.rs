@@ -652,13 +652,7 @@ fn handmade_nak_codes_map_to_completion_statuses() {
     ] {
         let mut t = Bed::rc();
         // Keep B from answering: drop everything A sends.
-        t.filter = Box::new(|p| {
-            if p.dir == Dir::AB {
-                Verdict::Drop
-            } else {
-                Verdict::Pass
-            }
-        });
+        t.filter = drop_dir(Dir::AB);
         let (ra, rk) = t.raddr(B, 0);
         t.post_send(
             A,

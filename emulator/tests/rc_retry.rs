@@ -201,13 +201,7 @@ fn ack_timeout_retries_then_retry_exc_err() {
     // Everything A sends is lost. timeout 10 = 4.096 µs × 2^10; retry_cnt 3: four attempts at
     // 0, T, 2T, 3T, then at 4T RETRY_EXC_ERR and ERR (IBTA 9.7.6.1.3, C9-140... 10.8.3).
     let mut t = timeout_bed(10, 3);
-    t.filter = Box::new(|p| {
-        if p.dir == Dir::AB {
-            Verdict::Drop
-        } else {
-            Verdict::Pass
-        }
-    });
+    t.filter = drop_dir(Dir::AB);
     t.post_recv(B, 1, 0, 64);
     t.post_send(A, wr(1, WrOpcode::Send, vec![t.sge(A, 0, 8)]));
     t.post_send(
@@ -327,13 +321,7 @@ fn lost_ack_is_answered_by_a_duplicate_ack_and_nothing_is_delivered_twice() {
 fn timeout_zero_means_no_timer() {
     // IBTA 9.7.6.1.3: a timeout of 0 disables the local ACK timer.
     let mut t = timeout_bed(0, 3);
-    t.filter = Box::new(|p| {
-        if p.dir == Dir::AB {
-            Verdict::Drop
-        } else {
-            Verdict::Pass
-        }
-    });
+    t.filter = drop_dir(Dir::AB);
     t.post_send(A, wr(1, WrOpcode::Send, vec![t.sge(A, 0, 8)]));
     t.flush_now();
     assert_eq!(t.p.a.poll_timeout(), None);

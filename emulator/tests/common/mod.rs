@@ -108,6 +108,17 @@ impl Pkt {
 
 pub type Filter = Box<dyn FnMut(&Pkt) -> Verdict>;
 
+/// A filter that drops every frame going way `d` and passes the rest.
+pub fn drop_dir(d: Dir) -> Filter {
+    Box::new(move |p| {
+        if p.dir == d {
+            Verdict::Drop
+        } else {
+            Verdict::Pass
+        }
+    })
+}
+
 pub struct Bed {
     pub p: Pair,
     pub a: End,
