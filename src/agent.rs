@@ -38,6 +38,8 @@ pub struct Args {
     /// With a datapath: the device's name for `rocemu stats`.
     #[command(flatten)]
     name: datapath::NameArg,
+    #[command(flatten)]
+    cc: datapath::CcArgs,
 }
 
 pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
@@ -55,6 +57,7 @@ fn serve_on(a: &Args, listener: &Listener) -> Result<ExitCode, Box<dyn std::erro
         let mac: Mac = a.mac.as_deref().unwrap_or("02:52:4f:43:45:10").parse()?;
         let mut cfg = RnicConfig::new(mac, ip, 0);
         cfg.seed = Seed::replay_or_os(a.seed)?;
+        cfg.cc = a.cc.config(None)?;
         let mut b = NullBackend::new(Rnic::new(cfg));
         eprintln!(
             "rocemu agent: RoCEmu at {ip} (no datapath), listening on {}",
@@ -74,6 +77,7 @@ fn serve_on(a: &Args, listener: &Listener) -> Result<ExitCode, Box<dyn std::erro
         None,
         a.seed,
         &a.name.get(),
+        &a.cc,
     )?;
     // A partial move: the rest of `opened` (the kernel's UDP 4791 guard) lives to the end.
     let ep = opened.ep;

@@ -6,6 +6,7 @@ use rocemu_emulator::port::impair::ImpairedPort;
 use rocemu_emulator::port::open::open_datapath;
 use rocemu_emulator::port::Port;
 use rocemu_emulator::rng::Seed;
+use rocemu_emulator::rnic::cc::{CcAlgo, CcConfig, CC_PARAMS};
 use rocemu_emulator::rnic::{Rnic, RnicConfig};
 use rocemu_tools::remote::Endpoint;
 use rocemu_wire::eth::Mac;
@@ -88,6 +89,8 @@ pub struct EndArgs {
     pub pcap: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub name: NameArg,
+    #[command(flatten)]
+    pub cc: CcArgs,
 }
 
 /// The name `rocemu stats` knows a device by.
@@ -120,6 +123,7 @@ impl EndArgs {
             Some((imp, self.imp.impair_seed())),
             self.imp.seed,
             &self.name.get(),
+            &self.cc,
         )
     }
 }
@@ -131,7 +135,7 @@ pub struct Opened {
 }
 
 /// Opens the datapath `dev` (`af_packet:IFACE` or `dpdk:'EAL ARGS'`) as address `ip`, a device
-/// that answers `rocemu stats` as `name`. The RNIC's keys replay from `seed` when given;
+/// that answers `rocemu stats` as `name`, with the congestion control `cc`. The RNIC's keys replay from `seed` when given;
 /// otherwise they are seeded by the operating system.
 pub fn open(
     dev: &str,
@@ -141,7 +145,9 @@ pub fn open(
     impair: Option<(Impairments, u64)>,
     seed: Option<u64>,
     name: &str,
+    cc: &CcArgs,
 ) -> Result<Opened, String> {
+    let cc = cc.config(rocemu_emulator::port::open::line_rate_mbps(dev))?;
     rocemu_emulator::stats::check_name(name).map_err(|e| format!("--name: {e}"))?;
     let ip: IpAddr = ip
         .parse()
@@ -162,6 +168,7 @@ pub fn open(
     let mut cfg = RnicConfig::new(mac, ip, 0);
     cfg.seed = Seed::replay_or_os(seed)?;
     cfg.eth_mtu = port.mtu();
+    cfg.cc = cc;
     let rnic = Rnic::new(cfg);
     let port: Box<dyn Port + Send> = match impair {
         Some((imp, seed)) if !imp.is_none() => Box::new(ImpairedPort::new(port, imp, seed)),
@@ -201,4 +208,109 @@ fn open_dpdk(_args: &str) -> Result<Box<dyn Port + Send>, String> {
     Err("this rocemu was built without DPDK: build it with `cargo build --release --features dpdk` \
          (needs libdpdk-dev, pkg-config and libclang)"
         .into())
+}
+
+/// Congestion control of an end's RNIC: `--ecn`, `--cc dcqcn|timely|none`, and every
+/// parameter by its name (mlx5's for DCQCN, as `--rpg-time-reset 300`; `--timely-*` for
+/// TIMELY; `--line-rate`, `--pacing-burst`), one flag per entry of [`CC_PARAMS`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CcArgs {
+    pub ecn: bool,
+    pub cc: Option<CcAlgo>,
+    pub params: Vec<(&'static str, u32)>,
+}
+
+fn flag_of(name: &'static str) -> &'static str {
+    // Built once per command; the names are few and fixed.
+    Box::leak(name.replace('_', "-").into_boxed_str())
+}
+
+impl clap::Args for CcArgs {
+    fn augment_args(cmd: clap::Command) -> clap::Command {
+        use clap::{Arg, ArgAction};
+        let mut cmd = cmd
+            .next_help_heading("Congestion control")
+            .arg(
+                Arg::new("ecn")
+                    .long("ecn")
+                    .action(ArgAction::SetTrue)
+                    .help("ECN-capable transport: ECT(0) on every RoCE packet this RNIC sends"),
+            )
+            .arg(
+                Arg::new("cc")
+                    .long("cc")
+                    .value_name("ALGO")
+                    .value_parser(["dcqcn", "timely", "none"])
+                    .help(
+                        "The reaction point on every connected QP: dcqcn (implies --ecn), \
+                         timely, or none (default). The notification point always answers \
+                         CE-marked packets with CNPs",
+                    ),
+            );
+        for &(name, lo, hi, what) in CC_PARAMS {
+            cmd = cmd.arg(
+                Arg::new(name)
+                    .long(flag_of(name))
+                    .value_name("N")
+                    .value_parser(clap::value_parser!(u32))
+                    .help(format!("{what} ({lo}…{hi})"))
+                    .hide_short_help(true),
+            );
+        }
+        cmd.next_help_heading(None)
+    }
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        Self::augment_args(cmd)
+    }
+}
+
+impl clap::FromArgMatches for CcArgs {
+    fn from_arg_matches(m: &clap::ArgMatches) -> Result<Self, clap::Error> {
+        let mut a = CcArgs::default();
+        a.update_from_arg_matches(m)?;
+        Ok(a)
+    }
+    fn update_from_arg_matches(&mut self, m: &clap::ArgMatches) -> Result<(), clap::Error> {
+        self.ecn = m.get_flag("ecn");
+        if let Some(s) = m.get_one::<String>("cc") {
+            self.cc = Some(s.parse().map_err(|e: String| {
+                clap::Error::raw(clap::error::ErrorKind::InvalidValue, e)
+            })?);
+        }
+        self.params.clear();
+        for &(name, ..) in CC_PARAMS {
+            if let Some(v) = m.get_one::<u32>(name) {
+                self.params.push((name, *v));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl CcArgs {
+    /// The configuration these flags give, on a port of `line_rate_mbps` when the port knows
+    /// it (`--line-rate` wins).
+    pub fn config(&self, line_rate_mbps: Option<u32>) -> Result<CcConfig, String> {
+        let mut c = CcConfig::default();
+        if let Some(l) = line_rate_mbps.filter(|&l| l > 0) {
+            c.line_rate_mbps = l;
+        }
+        c.algo = self.cc.unwrap_or_default();
+        c.ecn = self.ecn || c.algo == CcAlgo::Dcqcn;
+        for &(n, v) in &self.params {
+            c.set(n, v).map_err(|e| format!("--{}: {e}", flag_of(n)))?;
+        }
+        Ok(c)
+    }
+
+    /// The same flags as `ROCEMU_ECN`, `ROCEMU_CC`, `ROCEMU_CC_PARAMS` for the drop-in library
+    /// (`None`: leave the variable unset).
+    pub fn env(&self) -> Vec<(&'static str, Option<String>)> {
+        let params: Vec<String> = self.params.iter().map(|(n, v)| format!("{n}={v}")).collect();
+        vec![
+            ("ROCEMU_ECN", self.ecn.then(|| "1".to_string())),
+            ("ROCEMU_CC", self.cc.map(|a| a.name().to_string())),
+            ("ROCEMU_CC_PARAMS", (!params.is_empty()).then(|| params.join(","))),
+        ]
+    }
 }

@@ -18,7 +18,7 @@
 //!   one not executable 126, as in a shell.
 //!
 //! The library reads its configuration from `ROCEMU_DEV`, `ROCEMU_IP`, `ROCEMU_MAC`,
-//! `ROCEMU_NAME`, `ROCEMU_ECN`, and the impairments `ROCEMU_LOSS`, `ROCEMU_REORDER`,
+//! `ROCEMU_NAME`, the congestion control `ROCEMU_ECN`, `ROCEMU_CC`, `ROCEMU_CC_PARAMS`, and the impairments `ROCEMU_LOSS`, `ROCEMU_REORDER`,
 //! `ROCEMU_DUPLICATE`, `ROCEMU_CORRUPT`, `ROCEMU_SEED` (`--loss` … `--seed`, checked here as
 //! `rocemu perf` checks them; they need `--dev`). With `--dev` the command line is the whole
 //! configuration: any other of these inherited from the caller's environment is removed
@@ -34,7 +34,7 @@ use std::process::{Command, ExitCode};
 
 use rocemu_wire::eth::Mac;
 
-use crate::datapath::ImpairArgs;
+use crate::datapath::{CcArgs, ImpairArgs};
 
 /// RoCEmu could not start (the convention of `env`, `nice`, `timeout`: 125 is the wrapper's own).
 pub const EXIT_CANNOT_START: u8 = 125;
@@ -66,10 +66,10 @@ pub struct Args {
     /// The device's name (default rocemu0).
     #[arg(long)]
     name: Option<String>,
-    /// Ask for the RNIC's packets to be ECN-capable (ECT(0)): handed on as ROCEMU_ECN=1; the
-    /// library does not act on it yet (it comes with congestion control).
-    #[arg(long)]
-    ecn: bool,
+    /// ECN, the reaction point and its parameters, as `rocemu perf` takes them (handed on as
+    /// ROCEMU_ECN=1, ROCEMU_CC=ALGO, ROCEMU_CC_PARAMS=name=value,...).
+    #[command(flatten)]
+    cc: CcArgs,
     /// Impairments of every frame of the program's RNIC, both ways, as `rocemu perf` has them
     /// (handed on as ROCEMU_LOSS, ROCEMU_REORDER, ROCEMU_DUPLICATE, ROCEMU_CORRUPT, ROCEMU_SEED).
     #[command(flatten)]
@@ -156,7 +156,7 @@ struct Config {
     ip: IpAddr,
     mac: Option<Mac>,
     name: Option<String>,
-    ecn: bool,
+    cc: CcArgs,
     /// Loss, reorder, duplicate, corrupt: each a probability in 0…1 (checked).
     imp: [f64; 4],
     seed: Option<u64>,
@@ -185,6 +185,12 @@ impl Config {
                 ));
             }
             // (An impairment the environment's configuration would silently go without.)
+            if a.cc != CcArgs::default() {
+                return Err(cannot_start(
+                    "--ecn, --cc and the congestion-control parameters need --dev \
+                     (af_packet:IFACE or dpdk:'EAL ARGS')",
+                ));
+            }
             if !imp.is_none() || a.imp.seed.is_some() {
                 return Err(cannot_start(
                     "--loss, --reorder, --duplicate, --corrupt and --seed need --dev \
@@ -194,6 +200,7 @@ impl Config {
             return Ok(None);
         };
         check_dev(dev)?;
+        a.cc.config(None).map_err(cannot_start)?;
         let ip = a.ip.as_deref().ok_or_else(|| {
             cannot_start(format!("--dev {dev} needs --ip ADDR (the RNIC's address)"))
         })?;
@@ -220,7 +227,7 @@ impl Config {
             ip,
             mac,
             name: a.name.clone(),
-            ecn: a.ecn,
+            cc: a.cc.clone(),
             imp: [imp.loss, imp.reorder, imp.duplicate, imp.corrupt],
             seed: a.imp.seed,
         }))
@@ -233,8 +240,8 @@ impl Config {
             ("ROCEMU_IP", Some(self.ip.to_string())),
             ("ROCEMU_MAC", self.mac.map(|m| m.to_string())),
             ("ROCEMU_NAME", self.name.clone()),
-            ("ROCEMU_ECN", self.ecn.then(|| "1".to_string())),
         ];
+        v.extend(self.cc.env());
         for (k, p) in IMPAIR_VARS.into_iter().zip(self.imp) {
             v.push((k, (p > 0.0).then(|| p.to_string())));
         }
@@ -405,7 +412,7 @@ mod tests {
             ip: ip.map(Into::into),
             mac: mac.map(Into::into),
             name: None,
-            ecn: false,
+            cc: CcArgs::default(),
             imp: ImpairArgs {
                 loss: 0.0,
                 reorder: 0.0,
@@ -433,7 +440,7 @@ mod tests {
             Some("02:00:00:00:00:01"),
         );
         a.name = Some("rocemu7".into());
-        a.ecn = true;
+        a.cc.ecn = true;
         let c = Config::from_args(&a).unwrap().unwrap();
         assert_eq!(
             c.env(),
@@ -443,6 +450,8 @@ mod tests {
                 ("ROCEMU_MAC", Some("02:00:00:00:00:01".into())),
                 ("ROCEMU_NAME", Some("rocemu7".into())),
                 ("ROCEMU_ECN", Some("1".into())),
+                ("ROCEMU_CC", None),
+                ("ROCEMU_CC_PARAMS", None),
                 ("ROCEMU_LOSS", None),
                 ("ROCEMU_REORDER", None),
                 ("ROCEMU_DUPLICATE", None),

@@ -100,6 +100,9 @@ pub struct Args {
     /// With --dev: the device's name for `rocemu stats`.
     #[command(flatten)]
     name: crate::datapath::NameArg,
+    /// ECN, CNPs and the reaction point (in process: both ends alike).
+    #[command(flatten)]
+    cc: crate::datapath::CcArgs,
 }
 
 pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
@@ -166,6 +169,7 @@ pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
     } else {
         vec![size]
     };
+    let cc = a.cc.config(None)?;
     let mut reports: Vec<Report> = Vec::new();
     let rule = RULE;
     let cq_mod = perf::cq_moderation(a.cq_mod, size, a.tx_depth);
@@ -210,6 +214,7 @@ pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
             imp,
             seed: a.imp.impair_seed(),
             qp_timeout: a.qp_timeout,
+            cc: cc.clone(),
         };
         let r = if a.lat {
             perf::run_lat(&o)?
@@ -284,6 +289,7 @@ fn run_remote(
         Some((a.imp.get()?, a.imp.impair_seed())),
         a.imp.seed,
         &a.name.get(),
+        &a.cc,
     )?;
     let tx_depth = a.tx_depth.min(iters as usize).max(1);
     let o = rocemu_tools::remote::PerfOpts {

@@ -231,8 +231,18 @@ fn qp_table(qps: &[Value], rates: Option<(&[Value], f64)>) -> String {
     let mut s = String::new();
     let _ = write!(
         s,
-        "{:<8} {:<4} {:<5} {:<8} {:<8} {:<8} {:>5} {:>5} {:<14}",
-        "QPN", "TYPE", "STATE", "DEST_QPN", "SQ_PSN", "EPSN", "OUTST", "RETRY", "LAST_ERROR"
+        "{:<8} {:<4} {:<5} {:<8} {:<8} {:<8} {:>5} {:>5} {:>9} {:>5} {:<14}",
+        "QPN",
+        "TYPE",
+        "STATE",
+        "DEST_QPN",
+        "SQ_PSN",
+        "EPSN",
+        "OUTST",
+        "RETRY",
+        "RATE_MBPS",
+        "ALPHA",
+        "LAST_ERROR"
     );
     for c in &cnames {
         let _ = write!(s, " {:>w$}", c, w = c.len().max(10));
@@ -246,7 +256,7 @@ fn qp_table(qps: &[Value], rates: Option<(&[Value], f64)>) -> String {
             .to_string();
         let _ = write!(
             s,
-            "{:<8} {:<4} {:<5} {:<8} {:<8} {:<8} {:>5} {:>5} {:<14}",
+            "{:<8} {:<4} {:<5} {:<8} {:<8} {:<8} {:>5} {:>5} {:>9} {:>5} {:<14}",
             format!("{:#08x}", u64_of(q, "qpn")),
             str_of(q, "type"),
             str_of(q, "state"),
@@ -259,6 +269,12 @@ fn qp_table(qps: &[Value], rates: Option<(&[Value], f64)>) -> String {
                 u64_of(q, "retry_left"),
                 u64_of(q, "rnr_retry_left")
             ),
+            q.get("rate_kbps")
+                .and_then(Value::as_u64)
+                .map_or("-".to_string(), |k| format!("{:.1}", k as f64 / 1000.0)),
+            q.get("alpha")
+                .and_then(Value::as_u64)
+                .map_or("-".to_string(), |a| a.to_string()),
             last
         );
         let before = rates.and_then(|(old, _)| old.iter().find(|o| o.get("qpn") == q.get("qpn")));
@@ -447,6 +463,11 @@ fn prometheus(devs: &[Value], qp: bool) -> String {
         ("rnr_retry_left", "RNR retries left (rnr_retry)."),
         ("sq_psn", "The next PSN the requester sends."),
         ("epsn", "The responder's expected PSN."),
+        (
+            "rate_kbps",
+            "The QP's reaction point's current rate in kb/s (QPs with one only).",
+        ),
+        ("alpha", "DCQCN's alpha, of 1024 (QPs under DCQCN only)."),
     ] {
         let s = per_qp(&|q| Some(q.get(k)?.as_u64()?.to_string()));
         family(&mut out, &metric("rocemu_qp_", k), "gauge", help, &s);
@@ -603,7 +624,7 @@ mod tests {
             "qps": [{"qpn": 17, "type": "RC", "state": "RTS", "dest_qpn": 18, "sq_psn": 100,
                 "acked_psn": 99, "epsn": 7, "send_outstanding": 2, "recv_posted": 0,
                 "retry_left": 7, "rnr_retry_left": 6, "last_error": "RetryExcErr",
-                "counters": {"sent_pkts": 4}}]})
+                "rate_kbps": 5004883, "alpha": 1023, "counters": {"sent_pkts": 4}}]})
     }
 
     #[test]
@@ -618,7 +639,7 @@ mod tests {
         assert!(lines[5].starts_with("QPN      TYPE STATE"), "{t}");
         assert!(
             lines[6].starts_with(
-                "0x000011 RC   RTS   0x000012 0x000064 0x000007     2   7/6 RetryExcErr"
+                "0x000011 RC   RTS   0x000012 0x000064 0x000007     2   7/6    5004.9  1023 RetryExcErr"
             ),
             "{t}"
         );
@@ -633,6 +654,11 @@ mod tests {
             "{p}"
         );
         assert!(p.contains("# TYPE rocemu_qp_info gauge"), "{p}");
+        assert!(
+            p.contains("rocemu_qp_rate_kbps{device=\"d\\\"x\",pid=\"7\",qpn=\"0x000011\"} 5004883"),
+            "{p}"
+        );
+        assert!(p.contains("rocemu_qp_alpha{"), "{p}");
         assert!(p.contains("state=\"RTS\""), "{p}");
         // Without --qp: no QP families.
         assert!(!prometheus(&[reply()], false).contains("rocemu_qp_"));

@@ -89,6 +89,8 @@ pub struct Opts {
     pub seed: u64,
     /// Local ACK timeout exponent (perftest -u).
     pub qp_timeout: u8,
+    /// Both ends' congestion control.
+    pub cc: rocemu_emulator::rnic::cc::CcConfig,
 }
 
 /// The work a byte must cost at least, per the contract: for each MTU-sized chunk of `total`
@@ -211,6 +213,8 @@ fn setup(o: &Opts) -> Result<(Bed, Vec<Conn>), String> {
     let mut cb = RnicConfig::new(MAC_B, IP_B, o.seed.wrapping_mul(5) | 2);
     ca.eth_mtu = 9000;
     cb.eth_mtu = 9000;
+    ca.cc = o.cc.clone();
+    cb.cc = o.cc.clone();
     let mut a = Rnic::new(ca);
     let mut b = Rnic::new(cb);
     a.set_neighbor(IP_B, MAC_B);

@@ -39,6 +39,7 @@ use rocemu_emulator::port::impair::ImpairedPort;
 use rocemu_emulator::port::open::{open_datapath, OpenedPort};
 use rocemu_emulator::port::Port;
 use rocemu_emulator::rng::Seed;
+use rocemu_emulator::rnic::cc::{CcAlgo, CcConfig};
 use rocemu_emulator::rnic::{AsyncEvent, CqId, Mac, Rnic, RnicConfig, Wc};
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, Ipv6Addr};
@@ -66,6 +67,8 @@ pub struct Config {
     /// The MAC as far as it is known before the port opens (ROCEMU_MAC, or the interface's):
     /// for the node GUID of an unopened device.
     pub known_mac: Option<Mac>,
+    /// `ROCEMU_ECN`, `ROCEMU_CC`, `ROCEMU_CC_PARAMS`, on the port's line rate.
+    pub cc: CcConfig,
 }
 
 const HOW: &str = "rocemu: no device: set ROCEMU_DEV=af_packet:IFACE and ROCEMU_IP=ADDR, \
@@ -118,7 +121,9 @@ fn read_config() -> Result<Config, String> {
             "rocemu: ROCEMU_DEV={dev}: give af_packet:IFACE or dpdk:'EAL ARGS'; no device"
         ));
     };
+    let cc = cc_from_env(&dev, |k| std::env::var(k).ok())?;
     Ok(Config {
+        cc,
         impair: crate::impair::from_env()?,
         name,
         dev,
@@ -126,6 +131,32 @@ fn read_config() -> Result<Config, String> {
         mac,
         known_mac,
     })
+}
+
+/// Congestion control from the environment, as `rocemu exec` hands it on: `ROCEMU_ECN=1`
+/// (ECT(0) on every packet), `ROCEMU_CC=dcqcn|timely|none` (dcqcn implies ECN) and
+/// `ROCEMU_CC_PARAMS=name=value,...` (mlx5's DCQCN names, `timely_*`, `line_rate`,
+/// `pacing_burst`). A bad value is a configuration error: no device.
+fn cc_from_env(dev: &str, get: impl Fn(&str) -> Option<String>) -> Result<CcConfig, String> {
+    let mut c = CcConfig::default();
+    if let Some(l) = rocemu_emulator::port::open::line_rate_mbps(dev) {
+        c.line_rate_mbps = l;
+    }
+    if let Some(v) = get("ROCEMU_CC").filter(|v| !v.is_empty()) {
+        c.algo = v
+            .parse()
+            .map_err(|e| format!("rocemu: ROCEMU_CC={v}: {e}; no device"))?;
+    }
+    c.ecn = match get("ROCEMU_ECN").as_deref() {
+        None | Some("") | Some("0") => false,
+        Some("1") => true,
+        Some(v) => return Err(format!("rocemu: ROCEMU_ECN={v}: 1 or 0; no device")),
+    } || c.algo == CcAlgo::Dcqcn;
+    if let Some(v) = get("ROCEMU_CC_PARAMS") {
+        c.set_list(&v)
+            .map_err(|e| format!("rocemu: ROCEMU_CC_PARAMS={v}: {e}; no device"))?;
+    }
+    Ok(c)
 }
 
 /// The MAC a DPDK virtual device is given in its arguments (`--vdev=net_memif0,…,mac=…`, as
@@ -456,6 +487,7 @@ fn open_nic() -> Result<Opened, String> {
     rc.ips = ips.clone();
     rc.seed = Seed::replay_or_os(cfg.impair.seed)?;
     rc.eth_mtu = port.mtu();
+    rc.cc = cfg.cc.clone();
     let eth_mtu = port.mtu();
     let rnic = Rnic::new(rc);
     let port: Box<dyn Port + Send> = match cfg.impair {
@@ -650,5 +682,42 @@ mod tests {
         assert_eq!(vdev_mac("--vdev=net_memif0,role=client"), None);
         assert_eq!(vdev_mac("--vdev=net_tap0,mac=fixed"), None);
         assert_eq!(vdev_mac("--vdev=net_memif0,mac=01:00:5e:00:00:01"), None);
+    }
+
+    #[test]
+    fn congestion_control_comes_from_the_environment() {
+        let env = |vars: &'static [(&'static str, &'static str)]| {
+            move |k: &str| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+        };
+        let dev = "dpdk:--no-pci";
+        let c = cc_from_env(dev, env(&[])).unwrap();
+        assert_eq!(c, CcConfig::default());
+        assert!(!c.ecn && c.np && c.algo == CcAlgo::None);
+        let c = cc_from_env(
+            dev,
+            env(&[
+                ("ROCEMU_CC", "dcqcn"),
+                ("ROCEMU_CC_PARAMS", "rpg_time_reset=55, min_time_between_cnps=9,line_rate=25000"),
+            ]),
+        )
+        .unwrap();
+        assert!(c.ecn, "dcqcn implies ECN");
+        assert_eq!(c.algo, CcAlgo::Dcqcn);
+        assert_eq!(c.dcqcn.rpg_time_reset, 55);
+        assert_eq!(c.dcqcn.min_time_between_cnps, 9);
+        assert_eq!(c.line_rate_mbps, 25000);
+        let c = cc_from_env(dev, env(&[("ROCEMU_CC", "timely"), ("ROCEMU_ECN", "1")])).unwrap();
+        assert!(c.ecn && c.algo == CcAlgo::Timely);
+        for (vars, says) in [
+            (&[("ROCEMU_CC", "reno")][..], "ROCEMU_CC=reno"),
+            (&[("ROCEMU_ECN", "yes")][..], "ROCEMU_ECN=yes: 1 or 0"),
+            (&[("ROCEMU_CC_PARAMS", "dce_tcp_g=2000")][..], "between 0 and 1024"),
+            (&[("ROCEMU_CC_PARAMS", "nosuch=1")][..], "no such congestion-control parameter"),
+            (&[("ROCEMU_CC_PARAMS", "rpg_gd")][..], "NAME=VALUE"),
+        ] {
+            let vars: &'static [(&str, &str)] = Box::leak(vars.to_vec().into_boxed_slice());
+            let e = cc_from_env(dev, env(vars)).unwrap_err();
+            assert!(e.contains(says) && e.ends_with("no device"), "{e}");
+        }
     }
 }

@@ -59,3 +59,16 @@ pub fn open_datapath(
         ))
     }
 }
+
+/// The line rate of the datapath `spec`, Mb/s, when the kernel knows it: an AF_PACKET
+/// interface's `/sys/class/net/IFACE/speed` (a veth says 10000). `None` otherwise (a DPDK
+/// port, an interface that reports no speed): congestion control then assumes its default.
+pub fn line_rate_mbps(spec: &str) -> Option<u32> {
+    let iface = spec.strip_prefix("af_packet:")?;
+    let s = std::fs::read_to_string(format!("/sys/class/net/{iface}/speed")).ok()?;
+    s.trim()
+        .parse::<i64>()
+        .ok()
+        .filter(|&v| v > 0 && v <= i64::from(u32::MAX))
+        .map(|v| v as u32)
+}

@@ -37,6 +37,9 @@ fn go_back(qp: &mut Qp, now: Nanos, p: Psn, why: Why) {
     } else {
         None
     };
+    if let Some(c) = qp.cc.as_deref_mut() {
+        c.on_go_back();
+    }
     let Some(i) = i else { return };
     let w = &qp.sq[i];
     let mut p = if p.is_before(w.first_psn) || w.last_psn().is_before(p) {
@@ -129,7 +132,7 @@ fn awaiting_response(qp: &Qp) -> Option<usize> {
 /// Moves the acknowledged PSN forward to `to`, but never past a read or atomic whose response
 /// has not arrived: an ACK or NAK beyond it acknowledges the request, not the data (IBTA
 /// 9.7.5.2.2). Returns true when it moved.
-fn advance_acked(qp: &mut Qp, to: Psn) -> bool {
+fn advance_acked(qp: &mut Qp, now: Nanos, to: Psn) -> bool {
     let limit = awaiting_response(qp).map(|i| qp.sq[i].first_psn.add(qp.sq[i].resp_pkts));
     let to = match limit {
         Some(l) if to.is_after(l) => l,
@@ -138,6 +141,9 @@ fn advance_acked(qp: &mut Qp, to: Psn) -> bool {
     if to.is_after(qp.acked_psn) {
         grow(qp, to);
         qp.acked_psn = to;
+        if let Some(c) = qp.cc.as_deref_mut() {
+            c.on_acked(now, to);
+        }
         true
     } else {
         false
@@ -196,7 +202,7 @@ fn acknowledge(dev: &mut Dev, qp: &mut Qp, now: Nanos, psn: Psn) {
     if !psn.is_before(qp.psn_high()) || psn.next().is_before(qp.acked_psn) {
         return;
     }
-    if advance_acked(qp, psn.next()) {
+    if advance_acked(qp, now, psn.next()) {
         progress(qp, now);
     }
     complete_upto(dev, qp, now, psn);
@@ -326,7 +332,7 @@ pub(crate) fn handle(dev: &mut Dev, qp: &mut Qp, now: Nanos, pkt: &Packet<'_>) {
 /// A NAK or response at `psn` acknowledges everything before it.
 fn complete_before(dev: &mut Dev, qp: &mut Qp, now: Nanos, psn: Psn) {
     let prev = psn.sub(1);
-    if advance_acked(qp, psn) {
+    if advance_acked(qp, now, psn) {
         progress(qp, now);
     }
     complete_upto(dev, qp, now, prev);
@@ -438,11 +444,11 @@ fn read_response(dev: &mut Dev, qp: &mut Qp, now: Nanos, pkt: &Packet<'_>) {
         w.done = true;
     }
     // Each response in order acknowledges its PSN.
-    advance_acked(qp, psn.next());
+    advance_acked(qp, now, psn.next());
     let w = &mut qp.sq[ri];
     if last {
         let last = w.last_psn();
-        advance_acked(qp, last.next());
+        advance_acked(qp, now, last.next());
         progress(qp, now);
         complete_upto(dev, qp, now, last);
     } else {
@@ -484,7 +490,7 @@ fn atomic_ack(dev: &mut Dev, qp: &mut Qp, now: Nanos, pkt: &Packet<'_>) {
     let w = &mut qp.sq[ri];
     w.done = true;
     w.resp_pkts = 1;
-    advance_acked(qp, psn.next());
+    advance_acked(qp, now, psn.next());
     progress(qp, now);
     complete_upto(dev, qp, now, psn);
     after_ack(qp);

@@ -5,6 +5,7 @@
 //! from its header template (made at `modify_qp`), a UD packet's from its work request's address
 //! vector; the device's generator is the only source of randomness (keys, QPNs, PSNs, MR
 //! addresses), seeded from [`RnicConfig::seed`].
+use super::cc::CcConfig;
 use super::cq::CqTable;
 use super::mr::MemTable;
 use super::qp::Qp;
@@ -35,6 +36,9 @@ pub struct RnicConfig {
     pub seed: Seed,
     /// Verify the ICRC of every received packet (drop on mismatch, IBTA A17.3.3).
     pub check_icrc: bool,
+    /// Congestion control: ECN marking, the notification point, the reaction point and its
+    /// parameters ([`CcConfig`]: no RP and no ECT marking by default; the NP answers CE marks).
+    pub cc: CcConfig,
 }
 
 impl RnicConfig {
@@ -45,6 +49,7 @@ impl RnicConfig {
             eth_mtu: 9000,
             seed: Seed::from_u64(seed),
             check_icrc: true,
+            cc: CcConfig::default(),
         }
     }
 }
@@ -60,7 +65,8 @@ impl RnicConfig {
 /// `rx_icrc_encapsulated`).
 ///
 /// Invariant: every frame handed to the RNIC either reaches a QP's completer or responder
-/// (`rcvd_pkts`) or is counted under exactly one `rx_drop_*` reason (or `rp_cnp_ignored`);
+/// (`rcvd_pkts`) or is counted under exactly one `rx_drop_*` reason (or, a CNP, under
+/// `rp_cnp_handled` or `rp_cnp_ignored`);
 /// packets a QP then drops are counted once more under the reason it dropped them for.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Counters {
@@ -178,8 +184,19 @@ pub struct Counters {
     // ---- congestion ------------------------------------------------------------------
     /// mlx5: RoCE packets received with ECN Congestion Experienced (both ECN bits set).
     pub np_ecn_marked_roce_packets: u64,
-    /// mlx5: CNPs received and ignored (RoCEmu does not react to CNPs yet).
+    /// mlx5: CNPs sent by the notification point (at most one per QP per
+    /// `min_time_between_cnps` for the CE-marked packets it received).
+    pub np_cnp_sent: u64,
+    /// mlx5: CNPs taken by a QP's reaction point (DCQCN) to throttle its rate, whether or not
+    /// they cut it (one inside the monitor period of the last cut counts for alpha only).
+    pub rp_cnp_handled: u64,
+    /// mlx5: CNPs received and ignored: no reaction point (`--cc none` or TIMELY), no such QP,
+    /// a QP that sends nothing (not RTS or SQD), or a CNP from another address than a
+    /// connected QP's peer.
     pub rp_cnp_ignored: u64,
+    /// RoCEmu: CNPs that cut a QP's rate (DCQCN: at most one per
+    /// `rate_reduce_monitor_period`).
+    pub rp_rate_reductions: u64,
 
     // ---- receive drops, one counter per reason ----------------------------------------
     /// RoCEmu: frames that do not parse as RoCEv2 (truncated, bad lengths, not UDP 4791,
@@ -309,6 +326,12 @@ impl Dev {
             .copied()
             .unwrap_or(self.cfg.ips[0]);
         let ttl = if av.hop_limit == 0 { 64 } else { av.hop_limit };
+        // ECN-capable transport: ECT(0) unless the traffic class sets the ECN bits itself.
+        let tc = if self.cfg.cc.ecn && av.traffic_class & 3 == 0 {
+            av.traffic_class | 2
+        } else {
+            av.traffic_class
+        };
         FrameRepr {
             eth: EthernetRepr {
                 dst: dmac,
@@ -316,7 +339,7 @@ impl Dev {
                 vlan: None,
                 ethertype: 0,
             },
-            ip: IpRepr::roce(src, dst, av.traffic_class, ttl, av.flow_label),
+            ip: IpRepr::roce(src, dst, tc, ttl, av.flow_label),
             // rxe's choice (Annex A17.5.1.1 only asks for a port fixed per flow).
             sport: match qp.qp_type {
                 QpType::Ud => rocemu_wire::udp_sport_for_qpn(qp.qpn),

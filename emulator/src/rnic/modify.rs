@@ -54,6 +54,13 @@ impl Rnic {
             _ => Some(self.dev.template_for(qp)),
         };
         qp.peer_ip = qp.attr.ah_attr.dgid.ip();
+        // A connected QP's reaction point and pacer, from RTR on (RESET drops them).
+        if qp.cc.is_none()
+            && matches!(qp.qp_type, QpType::Rc | QpType::Uc)
+            && matches!(qp.state, QpState::Rtr | QpState::Rts)
+        {
+            qp.cc = super::cc::QpCc::new(&self.dev.cfg.cc).map(Box::new);
+        }
         self.refresh(slot);
         self.settle_cq_errors();
         Ok(())

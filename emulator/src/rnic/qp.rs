@@ -340,6 +340,28 @@ pub(crate) struct Qp {
     pub scheduled: bool,
     /// The status of the last completion in error (see [`Qp::note_wc`]).
     pub last_error: Option<WcStatus>,
+
+    // congestion control
+    /// The reaction point and pacer of a connected QP on a device with an RP algorithm, from
+    /// RTR on (boxed: one pointer on the hot path when there is none).
+    pub cc: Option<Box<crate::rnic::cc::QpCc>>,
+    /// Whether the request packet last built asked for an ACK (TIMELY probes those).
+    pub last_ack_req: bool,
+    /// Notification point: when the last CNP for this QP was queued.
+    pub cnp_last: Option<Nanos>,
+    /// The CNP owed for a CE-marked packet: sent before anything else of the QP.
+    pub cnp_out: Option<CnpTo>,
+}
+
+/// Where a CNP goes: back to the sender of the CE-marked packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct CnpTo {
+    pub mac: Mac,
+    pub ip: std::net::IpAddr,
+    /// Our address the marked packet was sent to.
+    pub src_ip: std::net::IpAddr,
+    /// The sender's QP (the one to throttle).
+    pub dqpn: Qpn,
 }
 
 impl Qp {
@@ -384,6 +406,10 @@ impl Qp {
             scheduled: false,
             counters: QpCounters::default(),
             last_error: None,
+            cc: None,
+            last_ack_req: false,
+            cnp_last: None,
+            cnp_out: None,
         }
     }
 
@@ -424,6 +450,18 @@ impl Qp {
         matches!(self.state, QpState::Rts | QpState::Sqd)
             && self.sq_next < self.sq.len()
             && self.rnr_deadline.is_none()
+    }
+
+    /// Request work the pacer does not hold back.
+    #[inline]
+    pub fn request_ready(&self) -> bool {
+        self.has_request_work() && self.cc.as_ref().is_none_or(|c| !c.held())
+    }
+
+    /// Something to send now: a CNP, a response, or a request the pacer lets go.
+    #[inline]
+    pub fn has_tx_work(&self) -> bool {
+        self.cnp_out.is_some() || !self.resp_out.is_empty() || self.request_ready()
     }
 
     /// How many responses the responder holds for the wire, as a responder in hardware has a

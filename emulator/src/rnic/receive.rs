@@ -3,10 +3,12 @@
 //! response) or the responder (a request).
 //!
 //! Invariants: every frame is counted once: in `rcvd_pkts` as it goes to its QP, or under the one
-//! `rx_drop_*` reason it was dropped for (or `rp_cnp_ignored`); a connected QP takes packets from
+//! `rx_drop_*` reason it was dropped for (or, a CNP, in `rp_cnp_handled` or `rp_cnp_ignored`);
+//! a connected QP takes packets from
 //! its peer only, in RTR or later; no frame, whatever it holds, panics.
 use super::verbs::*;
-use super::{completer, responder, Rnic};
+use super::{cc, completer, responder, Rnic};
+use crate::logs::qp_event;
 use crate::time::Nanos;
 use rocemu_wire::frame::ParsedFrame;
 use rocemu_wire::opcode::Transport;
@@ -69,7 +71,8 @@ impl Rnic {
             return;
         }
         // ECN CE (RFC 3168: both bits), counted as the notification point sees it.
-        if pkt.ip.ecn() == 3 {
+        let ce = pkt.ip.ecn() == 3;
+        if ce {
             c.np_ecn_marked_roce_packets += 1;
         }
         // IBTA 9.6.1.1: transport version must be 0; the P_Key must match the QP's partition.
@@ -82,7 +85,7 @@ impl Rnic {
             return;
         }
         if pkt.bth.opcode.transport() == Transport::Cnp {
-            c.rp_cnp_ignored += 1;
+            self.receive_cnp(now, pkt);
             return;
         }
         let slot = self.slot_of(pkt.bth.dqpn);
@@ -135,6 +138,9 @@ impl Rnic {
         c.rcvd_bytes += len as u64;
         qp.counters.rcvd_pkts += 1;
         qp.counters.rcvd_bytes += len as u64;
+        if ce && self.dev.cfg.cc.np {
+            cc::qp::note_ce(&self.dev, qp, now, pkt);
+        }
         if is_response {
             completer::handle(&mut self.dev, qp, now, pkt);
         } else {
@@ -143,6 +149,36 @@ impl Rnic {
         self.refresh(slot);
         if !self.dev.failed_cqs.is_empty() {
             self.settle_cq_errors();
+        }
+    }
+}
+
+impl Rnic {
+    /// A CNP (BTH opcode 0x81) for the QP it names, the one to throttle: taken by the QP's
+    /// reaction point when it runs DCQCN (`rp_cnp_handled`; `rp_rate_reductions` when it cut
+    /// the rate), ignored otherwise (`rp_cnp_ignored`: no such QP, a QP that sends nothing,
+    /// a CNP from another address than a connected QP's peer, or no DCQCN on the QP).
+    fn receive_cnp(&mut self, now: Nanos, pkt: &Packet<'_>) {
+        let slot = self.slot_of(pkt.bth.dqpn);
+        let qp = slot.and_then(|s| self.qps[s].as_mut());
+        let c = &mut self.dev.counters;
+        let Some(qp) = qp.filter(|q| {
+            matches!(q.state, QpState::Rts | QpState::Sqd)
+                && (q.qp_type == QpType::Ud || pkt.ip.src() == q.peer_ip)
+        }) else {
+            c.rp_cnp_ignored += 1;
+            return;
+        };
+        match qp.cc.as_deref_mut().and_then(|cc| cc.on_cnp(now)) {
+            Some(cut) => {
+                c.rp_cnp_handled += 1;
+                c.rp_rate_reductions += u64::from(cut);
+                qp_event!(qp, DEBUG, cut, rate_kbps = qp.cc.as_ref().map_or(0, |c| c.rate_kbps()), "CNP");
+            }
+            None => c.rp_cnp_ignored += 1,
+        }
+        if let Some(s) = slot {
+            self.refresh(s);
         }
     }
 }

@@ -331,6 +331,7 @@ fn emit_packet(
             return None;
         }
     };
+    qp.last_ack_req = bth.ack_req;
     advance(dev, qp, idx, now, k, is_read, last);
     Some(len)
 }

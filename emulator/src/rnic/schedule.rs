@@ -2,13 +2,14 @@
 //! deadline is served.
 //!
 //! Invariants: a QP is on the schedule once at most (`scheduled`), and is on it whenever it has
-//! responses or requests to send; responses go before requests; a QP sends at most
+//! a CNP, responses or requests to send (requests its pacer does not hold back: a held QP has
+//! a pacing deadline on the heap instead); a CNP goes first, then responses, then requests; a QP sends at most
 //! [`TX_BURST`] packets before the next QP's turn. Entries of the schedule and of the timer
 //! heap carry the QPN as well as the slot, so that one left by a destroyed QP acts on nothing.
-//! The heap holds at most one entry per deadline kind and live QP plus the stale ones, which it
-//! is rebuilt without when they are many. `handle_timeout(now)` is idempotent.
+//! The heap holds at most one entry per deadline kind (retransmit, RNR, congestion control) and
+//! live QP plus the stale ones, which it is rebuilt without when they are many. `handle_timeout(now)` is idempotent.
 use super::qp::Qp;
-use super::{completer, requester, responder, Rnic};
+use super::{cc, completer, requester, responder, Rnic};
 use crate::time::Nanos;
 use rocemu_wire::Qpn;
 use std::cmp::Reverse;
@@ -39,13 +40,27 @@ impl Rnic {
             }
             qp.scheduled = false;
             let mut n = None;
-            // Responses first (they free the peer's resources); each failed attempt consumes
+            // A CNP first (the sender it throttles should hear of congestion at once).
+            if let Some(to) = qp.cnp_out.take() {
+                n = cc::qp::produce_cnp(&mut self.dev, qp, to, buf);
+            }
+            // Responses next (they free the peer's resources); each failed attempt consumes
             // the entry it tried, so this ends.
             while n.is_none() && !qp.resp_out.is_empty() {
                 n = responder::produce(&mut self.dev, qp, now, buf);
             }
-            if n.is_none() && qp.has_request_work() {
+            // Requests, through the pacer when the QP's reaction point holds it below line
+            // rate (a QP it holds back gets a pacing deadline and leaves the schedule).
+            if n.is_none()
+                && qp.has_request_work()
+                && qp.cc.as_deref_mut().is_none_or(|c| c.admit(now))
+            {
+                let resent = qp.counters.retransmitted_pkts;
                 n = requester::produce(&mut self.dev, qp, now, buf);
+                if let (Some(len), Some(c)) = (n, qp.cc.as_deref_mut()) {
+                    let again = qp.counters.retransmitted_pkts != resent;
+                    c.on_request_sent(now, len, qp.req_psn, qp.last_ack_req, again);
+                }
             }
             match n {
                 Some(n) => {
@@ -53,7 +68,7 @@ impl Rnic {
                     qp.counters.sent_bytes += n as u64;
                     // A QP sends a burst before the next one's turn (its state is hot in the
                     // cache now); then it goes to the end of the round-robin schedule.
-                    let more = !qp.resp_out.is_empty() || qp.has_request_work();
+                    let more = qp.has_tx_work();
                     if more && self.burst_left > 1 {
                         self.burst_left -= 1;
                         qp.scheduled = true;
@@ -67,8 +82,8 @@ impl Rnic {
                     self.dev.counters.sent_bytes += n as u64;
                     return Some(n);
                 }
-                // Blocked (window, max_rd_atomic, fence) or done: off the schedule until an
-                // ACK, a timer or a post changes that.
+                // Blocked (window, max_rd_atomic, fence, pacer) or done: off the schedule
+                // until an ACK, a timer or a post changes that.
                 None => {
                     self.burst_left = TX_BURST;
                     self.refresh_timers(slot);
@@ -116,6 +131,11 @@ impl Rnic {
                 if qp.rnr_pushed == Some(t) {
                     qp.rnr_pushed = None;
                 }
+                if let Some(c) = qp.cc.as_deref_mut() {
+                    if c.pushed == Some(t) {
+                        c.pushed = None;
+                    }
+                }
             }
             None => self.stale_timers = self.stale_timers.saturating_sub(1),
         }
@@ -123,7 +143,11 @@ impl Rnic {
 
     fn timer_armed(&self, slot: usize, qpn: Qpn) -> bool {
         match self.qps.get(slot).and_then(Option::as_ref) {
-            Some(qp) if qp.qpn == qpn => qp.ack_deadline.is_some() || qp.rnr_deadline.is_some(),
+            Some(qp) if qp.qpn == qpn => {
+                qp.ack_deadline.is_some()
+                    || qp.rnr_deadline.is_some()
+                    || qp.cc.as_ref().is_some_and(|c| c.deadline().is_some())
+            }
             _ => false,
         }
     }
@@ -152,6 +176,11 @@ impl Rnic {
             if due {
                 completer::timeout(&mut self.dev, qp, now);
             }
+            if let Some(c) = qp.cc.as_deref_mut() {
+                if c.deadline().is_some_and(|d| d <= now) {
+                    c.on_timer(now);
+                }
+            }
             // Re-arms whatever is still set (a deadline that moved later than its entry).
             self.refresh(slot);
         }
@@ -166,7 +195,7 @@ impl Rnic {
         let Some(qp) = self.qps[slot].as_mut() else {
             return;
         };
-        if !qp.scheduled && (!qp.resp_out.is_empty() || qp.has_request_work()) {
+        if !qp.scheduled && qp.has_tx_work() {
             qp.scheduled = true;
             self.tx_sched.push_back((slot, qp.qpn));
         }
@@ -192,13 +221,23 @@ impl Rnic {
                 }
             }
         }
+        // The pacing deadline and the reaction point's next rate change, as one kind.
+        if let Some(c) = qp.cc.as_deref_mut() {
+            if let Some(t) = c.deadline() {
+                if c.pushed.is_none_or(|p| t < p) {
+                    c.pushed = Some(t);
+                    self.timers.push(Reverse((t, slot, qp.qpn)));
+                }
+            }
+        }
     }
 
     /// A destroyed QP's timer entries stay in the heap until they come up (and then act on
     /// nothing: they carry its QPN); when they are many, the heap is rebuilt without them.
     pub(super) fn forget_timers_of(&mut self, qp: &Qp) {
-        self.stale_timers +=
-            usize::from(qp.ack_pushed.is_some()) + usize::from(qp.rnr_pushed.is_some());
+        self.stale_timers += usize::from(qp.ack_pushed.is_some())
+            + usize::from(qp.rnr_pushed.is_some())
+            + usize::from(qp.cc.as_ref().is_some_and(|c| c.pushed.is_some()));
         if self.stale_timers > 1024 && self.stale_timers * 2 > self.timers.len() {
             let qps = &self.qps;
             self.timers

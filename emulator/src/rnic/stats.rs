@@ -20,6 +20,9 @@ const INFORMATIVE: &[&str] = &[
     "rx_atomic_requests",
     "resp_coalesced",
     "np_ecn_marked_roce_packets",
+    "np_cnp_sent",
+    "rp_cnp_handled",
+    "rp_rate_reductions",
     "rx_drop_total",
 ];
 
@@ -88,7 +91,10 @@ impl Counters {
                 "np_ecn_marked_roce_packets",
                 self.np_ecn_marked_roce_packets,
             ),
+            ("np_cnp_sent", self.np_cnp_sent),
+            ("rp_cnp_handled", self.rp_cnp_handled),
             ("rp_cnp_ignored", self.rp_cnp_ignored),
+            ("rp_rate_reductions", self.rp_rate_reductions),
             // receive drops
             ("rx_drop_total", self.rx_drop_total()),
             ("rx_drop_malformed", self.rx_drop_malformed),
@@ -251,6 +257,10 @@ pub struct QpInfo {
     /// The status of the last completion in error on this QP, if any (a flush does not
     /// replace the error that moved the QP to ERR; back to `None` in RESET).
     pub last_error: Option<WcStatus>,
+    /// Its reaction point's current rate, kb/s (none without one: `--cc none`, UD).
+    pub rate_kbps: Option<u64>,
+    /// DCQCN's alpha, of 1024 (none without DCQCN).
+    pub alpha: Option<u32>,
     pub counters: QpCounters,
 }
 
@@ -273,6 +283,8 @@ impl Rnic {
                 retry_left: qp.retry_left,
                 rnr_retry_left: qp.rnr_left,
                 last_error: qp.last_error,
+                rate_kbps: qp.cc.as_ref().map(|c| c.rate_kbps()),
+                alpha: qp.cc.as_ref().and_then(|c| c.alpha()),
                 counters: qp.counters,
             })
             .collect()

@@ -203,7 +203,8 @@ pub fn qp_state_name(s: QpState) -> &'static str {
 
 /// One QP in a reply: `qpn`, `type`, `state`, `dest_qpn`, `sq_psn`, `acked_psn`, `epsn`,
 /// `send_outstanding`, `recv_posted`, `retry_left`, `rnr_retry_left`, `last_error` (the status
-/// of its last completion in error, as `WcStatus` names it, or null) and `counters`
+/// of its last completion in error, as `WcStatus` names it, or null), `rate_kbps` and `alpha`
+/// (its reaction point's current rate and DCQCN's alpha of 1024, or null) and `counters`
 /// (`{name: value}`, in `QpCounters::named` order). QPNs and PSNs are numbers.
 pub fn qp_json(q: &QpInfo) -> Value {
     let mut c = Map::new();
@@ -223,6 +224,8 @@ pub fn qp_json(q: &QpInfo) -> Value {
         "retry_left": q.retry_left,
         "rnr_retry_left": q.rnr_retry_left,
         "last_error": q.last_error.map(|s| format!("{s:?}")),
+        "rate_kbps": q.rate_kbps,
+        "alpha": q.alpha,
         "counters": c,
     })
 }

@@ -6,7 +6,7 @@
 //! or replace any frame, or inject a handmade one.
 #![allow(dead_code)]
 use rocemu_emulator::connect::{bring_up, ConnectOpts};
-use rocemu_emulator::inproc::{Impairments, Pair, Side, IP_A, IP_B, MAC_A, MAC_B};
+use rocemu_emulator::inproc::{Cable, Impairments, Pair, Side, IP_A, IP_B, MAC_A, MAC_B};
 use rocemu_emulator::rnic::mr::MrInfo;
 use rocemu_emulator::rnic::*;
 use rocemu_emulator::time::Nanos;
@@ -213,6 +213,28 @@ impl Bed {
     /// Each side brought up with its own options (the PSNs come from `c.a`).
     pub fn from_cfg(c: &BedCfg) -> Bed {
         let mut p = Pair::new(c.seed, Impairments::none());
+        let a = end(&mut p.a, c.qp_type, c.sq_sig_all, c.cap);
+        let b = end(&mut p.b, c.qp_type, c.sq_sig_all, c.cap);
+        let (pa, pb) = (c.a.psn_a, c.a.psn_b);
+        bring_up(&mut p.a, a.qp, b.qp, IP_B, pa, pb, &c.a).unwrap();
+        bring_up(&mut p.b, b.qp, a.qp, IP_A, pb, pa, &c.b).unwrap();
+        Bed::wrap(p, a, b)
+    }
+
+    /// As [`Bed::from_cfg`], each RNIC with its own congestion control.
+    pub fn with_cc(
+        c: &BedCfg,
+        cc_a: rocemu_emulator::rnic::cc::CcConfig,
+        cc_b: rocemu_emulator::rnic::cc::CcConfig,
+    ) -> Bed {
+        let mut ca = RnicConfig::new(MAC_A, IP_A, c.seed.wrapping_mul(3).wrapping_add(1));
+        let mut cb = RnicConfig::new(MAC_B, IP_B, c.seed.wrapping_mul(5).wrapping_add(2));
+        ca.cc = cc_a;
+        cb.cc = cc_b;
+        let (mut ra, mut rb) = (Rnic::new(ca), Rnic::new(cb));
+        ra.set_neighbor(IP_B, MAC_B);
+        rb.set_neighbor(IP_A, MAC_A);
+        let mut p = Pair::with(ra, rb, Cable::new(Impairments::none(), c.seed));
         let a = end(&mut p.a, c.qp_type, c.sq_sig_all, c.cap);
         let b = end(&mut p.b, c.qp_type, c.sq_sig_all, c.cap);
         let (pa, pb) = (c.a.psn_a, c.a.psn_b);

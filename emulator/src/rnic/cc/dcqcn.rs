@@ -241,6 +241,18 @@ impl DcqcnRp {
         })
     }
 
+    /// When the next increase event (the `rpg_time_reset` timer) is due; `None` when idle.
+    /// The alpha ticks between now and then change no rate: a caller that wakes only for
+    /// this deadline (and polls at every event) sees the same trajectory as one that serves
+    /// every tick on time, since [`DcqcnRp::poll`] serves the ticks in time order.
+    pub fn next_increase(&self) -> Option<Nanos> {
+        if self.active {
+            self.next_increase
+        } else {
+            None
+        }
+    }
+
     /// A CNP for this QP arrived at `now`.
     pub fn on_cnp(&mut self, now: Nanos) -> CnpOutcome {
         self.poll(now);

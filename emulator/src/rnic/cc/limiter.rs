@@ -7,7 +7,7 @@
 //! at `t` when sending it keeps `tat ≤ t + τ`, `τ` being the burst's time at the rate. So over
 //! any interval `[a, b]` the bytes sent are at most `burst + rate·(b − a)` (and a packet larger
 //! than the burst still goes, alone, once the bucket is full). A rate of 0 holds everything.
-//! Not yet wired into the transmit scheduler.
+//! The transmit scheduler paces through it (`qp.rs`).
 use crate::time::Nanos;
 
 /// A pacer at `rate_kbps` with a burst of `burst_bytes`.

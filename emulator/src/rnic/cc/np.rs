@@ -5,8 +5,9 @@
 //! µs; the default 4 µs). Its memory is a fixed table chosen at creation, direct-mapped
 //! by QPN: two QPs that share an entry evict each other, and a QP whose entry was taken gets its
 //! CNP at once — a collision can only send *more* CNPs than one per period to those QPs, never
-//! leave a CE mark unanswered for longer than the period. (Once wired, per-QP state in the QP
-//! would remove collisions; the table is for a QP-less caller such as a fabric simulator.)
+//! leave a CE mark unanswered for longer than the period. (The RNIC keeps the time of each QP's
+//! last CNP in the QP instead, with no collisions; the table is for a QP-less caller such as a
+//! fabric simulator's switch model.)
 //!
 //! The CNP is the ConnectX one of the project's capture `wire/tests/data/cx4lx_cnp.pcap`
 //! (ConnectX-4 Lx, from Scapy's tests; see its `PROVENANCE.md`): BTH opcode 0x81, BECN set,

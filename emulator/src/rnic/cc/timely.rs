@@ -24,7 +24,7 @@
 //! the search tool) and cites §4.4 of the paper for the thresholds. **Unverified**: that these
 //! are the paper's own defaults (the paper was not read here; that file marks α "unsure"); HAI's
 //! exact trigger (negative vs non-positive gradients, and which samples reset the count); the
-//! floor `min_rate` (1 Mb/s, ours — the paper gives none). Not yet wired into the datapath.
+//! floor `min_rate` (1 Mb/s, ours — the paper gives none). In the datapath through `qp.rs`.
 
 /// TIMELY's parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
