@@ -137,6 +137,8 @@ pub struct Opened {
 /// Opens the datapath `dev` (`af_packet:IFACE` or `dpdk:'EAL ARGS'`) as address `ip`, a device
 /// that answers `rocemu stats` as `name`, with the congestion control `cc`. The RNIC's keys replay from `seed` when given;
 /// otherwise they are seeded by the operating system.
+// Eight arguments, each one of the end's flags as given; the three callers pass them through.
+#[allow(clippy::too_many_arguments)]
 pub fn open(
     dev: &str,
     ip: &str,
@@ -273,9 +275,10 @@ impl clap::FromArgMatches for CcArgs {
     fn update_from_arg_matches(&mut self, m: &clap::ArgMatches) -> Result<(), clap::Error> {
         self.ecn = m.get_flag("ecn");
         if let Some(s) = m.get_one::<String>("cc") {
-            self.cc = Some(s.parse().map_err(|e: String| {
-                clap::Error::raw(clap::error::ErrorKind::InvalidValue, e)
-            })?);
+            self.cc =
+                Some(s.parse().map_err(|e: String| {
+                    clap::Error::raw(clap::error::ErrorKind::InvalidValue, e)
+                })?);
         }
         self.params.clear();
         for &(name, ..) in CC_PARAMS {
@@ -306,11 +309,18 @@ impl CcArgs {
     /// The same flags as `ROCEMU_ECN`, `ROCEMU_CC`, `ROCEMU_CC_PARAMS` for the drop-in library
     /// (`None`: leave the variable unset).
     pub fn env(&self) -> Vec<(&'static str, Option<String>)> {
-        let params: Vec<String> = self.params.iter().map(|(n, v)| format!("{n}={v}")).collect();
+        let params: Vec<String> = self
+            .params
+            .iter()
+            .map(|(n, v)| format!("{n}={v}"))
+            .collect();
         vec![
             ("ROCEMU_ECN", self.ecn.then(|| "1".to_string())),
             ("ROCEMU_CC", self.cc.map(|a| a.name().to_string())),
-            ("ROCEMU_CC_PARAMS", (!params.is_empty()).then(|| params.join(","))),
+            (
+                "ROCEMU_CC_PARAMS",
+                (!params.is_empty()).then(|| params.join(",")),
+            ),
         ]
     }
 }

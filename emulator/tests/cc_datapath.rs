@@ -208,7 +208,10 @@ fn a_cnp_cuts_a_dcqcn_qp_by_the_formula() {
     write(&mut t, 1, 0, 4096);
     t.wait_wcs(A, 1);
     let c = t.p.a.counters();
-    assert_eq!((c.rp_cnp_handled, c.rp_rate_reductions, c.rp_cnp_ignored), (1, 1, 0));
+    assert_eq!(
+        (c.rp_cnp_handled, c.rp_rate_reductions, c.rp_cnp_ignored),
+        (1, 1, 0)
+    );
     assert_eq!(t.p.b.counters().np_cnp_sent, 1);
     let info = qp_info(&t.p.a, qa);
     assert_eq!(info.rate_kbps, Some(first_cut_kbps(10_000_000)));
@@ -257,7 +260,11 @@ fn the_connectx4_lx_cnp_replayed_at_rocemu_moves_rp_cnp_handled_by_one_and_cuts(
     t.inject(A, &to(qa, "10.0.0.99".parse().unwrap()));
     let c = t.p.a.counters();
     assert_eq!((c.rp_cnp_handled, c.rp_cnp_ignored), (1, 2));
-    assert_eq!(c.rx_drop_total(), 0, "a CNP is counted as handled or ignored only");
+    assert_eq!(
+        c.rx_drop_total(),
+        0,
+        "a CNP is counted as handled or ignored only"
+    );
     assert_eq!(
         qp_info(&t.p.a, qa).rate_kbps,
         Some(first_cut_kbps(10_000_000))
@@ -356,7 +363,8 @@ fn under_persistent_marking_the_rate_stays_at_or_above_rpg_min_rate_and_nothing_
         let mut wc = Vec::new();
         let cq = t.a.cq;
         t.p.a.poll_cq_into(cq, 16, &mut wc);
-        wc.iter().for_each(|w| assert_eq!(w.status, WcStatus::Success));
+        wc.iter()
+            .for_each(|w| assert_eq!(w.status, WcStatus::Success));
         wc.iter().any(|w| w.wr_id == 63)
     })
     .unwrap();

@@ -687,7 +687,11 @@ mod tests {
     #[test]
     fn congestion_control_comes_from_the_environment() {
         let env = |vars: &'static [(&'static str, &'static str)]| {
-            move |k: &str| vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string())
+            move |k: &str| {
+                vars.iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            }
         };
         let dev = "dpdk:--no-pci";
         let c = cc_from_env(dev, env(&[])).unwrap();
@@ -697,7 +701,10 @@ mod tests {
             dev,
             env(&[
                 ("ROCEMU_CC", "dcqcn"),
-                ("ROCEMU_CC_PARAMS", "rpg_time_reset=55, min_time_between_cnps=9,line_rate=25000"),
+                (
+                    "ROCEMU_CC_PARAMS",
+                    "rpg_time_reset=55, min_time_between_cnps=9,line_rate=25000",
+                ),
             ]),
         )
         .unwrap();
@@ -711,8 +718,14 @@ mod tests {
         for (vars, says) in [
             (&[("ROCEMU_CC", "reno")][..], "ROCEMU_CC=reno"),
             (&[("ROCEMU_ECN", "yes")][..], "ROCEMU_ECN=yes: 1 or 0"),
-            (&[("ROCEMU_CC_PARAMS", "dce_tcp_g=2000")][..], "between 0 and 1024"),
-            (&[("ROCEMU_CC_PARAMS", "nosuch=1")][..], "no such congestion-control parameter"),
+            (
+                &[("ROCEMU_CC_PARAMS", "dce_tcp_g=2000")][..],
+                "between 0 and 1024",
+            ),
+            (
+                &[("ROCEMU_CC_PARAMS", "nosuch=1")][..],
+                "no such congestion-control parameter",
+            ),
             (&[("ROCEMU_CC_PARAMS", "rpg_gd")][..], "NAME=VALUE"),
         ] {
             let vars: &'static [(&str, &str)] = Box::leak(vars.to_vec().into_boxed_slice());

@@ -29,7 +29,7 @@
 //! mr.rs         the memory table: PDs, MRs, key and bounds checks, gather and scatter
 //! verbs.rs      the verbs-facing types, named after ibverbs
 //! stats.rs      counters by name, and each QP's state and counters (`rocemu stats`)
-//! cc/           congestion control algorithms (DCQCN, ...): sans-IO units, not yet in the datapath
+//! cc/           congestion control: ECN, CNPs, DCQCN and TIMELY per QP, the pacer (cc/qp.rs glues them in)
 //! ```
 //!
 //! Invariants: nothing here reads a clock (every entry point takes `now`), opens a socket or

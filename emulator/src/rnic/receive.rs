@@ -173,7 +173,13 @@ impl Rnic {
             Some(cut) => {
                 c.rp_cnp_handled += 1;
                 c.rp_rate_reductions += u64::from(cut);
-                qp_event!(qp, DEBUG, cut, rate_kbps = qp.cc.as_ref().map_or(0, |c| c.rate_kbps()), "CNP");
+                qp_event!(
+                    qp,
+                    DEBUG,
+                    cut,
+                    rate_kbps = qp.cc.as_ref().map_or(0, |c| c.rate_kbps()),
+                    "CNP"
+                );
             }
             None => c.rp_cnp_ignored += 1,
         }

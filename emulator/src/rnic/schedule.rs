@@ -58,8 +58,11 @@ impl Rnic {
                 let resent = qp.counters.retransmitted_pkts;
                 n = requester::produce(&mut self.dev, qp, now, buf);
                 if let (Some(len), Some(c)) = (n, qp.cc.as_deref_mut()) {
-                    let again = qp.counters.retransmitted_pkts != resent;
-                    c.on_request_sent(now, len, qp.req_psn, qp.last_ack_req, again);
+                    // (An idle DCQCN QP at line rate has nothing to learn from a packet.)
+                    if c.wants_tx_events() {
+                        let again = qp.counters.retransmitted_pkts != resent;
+                        c.on_request_sent(now, len, qp.req_psn, qp.last_ack_req, again);
+                    }
                 }
             }
             match n {

@@ -21,6 +21,6 @@ pub mod timely;
 pub use dcqcn::{CnpOutcome, DcqcnParams, DcqcnRp};
 pub use limiter::RateLimiter;
 pub use np::{build_cnp, CnpFields, CnpPacer};
-pub use qp::{CcAlgo, CcConfig, CC_PARAMS, DEFAULT_BURST};
 pub(crate) use qp::QpCc;
+pub use qp::{CcAlgo, CcConfig, CC_PARAMS, DEFAULT_BURST};
 pub use timely::{TimelyParams, TimelyRp, TimelyRule};

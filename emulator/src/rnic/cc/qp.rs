@@ -49,7 +49,9 @@ impl std::str::FromStr for CcAlgo {
             "none" => Ok(CcAlgo::None),
             "dcqcn" => Ok(CcAlgo::Dcqcn),
             "timely" => Ok(CcAlgo::Timely),
-            _ => Err(format!("{s}: the congestion control is dcqcn, timely or none")),
+            _ => Err(format!(
+                "{s}: the congestion control is dcqcn, timely or none"
+            )),
         }
     }
 }
@@ -92,36 +94,121 @@ impl Default for CcConfig {
 /// its range and unit: what `--rpg-time-reset 300`, `ROCEMU_CC_PARAMS=rpg_time_reset=300` and
 /// `rocemu sim` set.
 pub const CC_PARAMS: &[(&str, u32, u32, &str)] = &[
-    ("rpg_time_reset", 1, 131_071, "µs between timer-driven rate increases"),
-    ("rpg_byte_reset", 0, 32_767, "64-byte units sent between byte-counter increases (0: off)"),
+    (
+        "rpg_time_reset",
+        1,
+        131_071,
+        "µs between timer-driven rate increases",
+    ),
+    (
+        "rpg_byte_reset",
+        0,
+        32_767,
+        "64-byte units sent between byte-counter increases (0: off)",
+    ),
     ("rpg_threshold", 1, 31, "stages F of fast recovery"),
     ("rpg_ai_rate", 0, 1_000_000, "Mb/s of an additive increase"),
     ("rpg_hai_rate", 0, 1_000_000, "Mb/s of a hyper increase"),
-    ("rpg_gd", 0, 31, "the shift of alpha in a cut: rc·alpha/2^gd"),
+    (
+        "rpg_gd",
+        0,
+        31,
+        "the shift of alpha in a cut: rc·alpha/2^gd",
+    ),
     ("rpg_min_dec_fac", 0, 100, "% a cut keeps at least"),
     ("rpg_min_rate", 0, 1_000_000, "Mb/s, the lowest rate"),
-    ("rpg_max_rate", 0, 1_000_000, "Mb/s, the highest rate (0: line rate)"),
+    (
+        "rpg_max_rate",
+        0,
+        1_000_000,
+        "Mb/s, the highest rate (0: line rate)",
+    ),
     ("dce_tcp_g", 0, 1_024, "alpha's gain, of 1024"),
     ("dce_tcp_rtt", 1, 131_071, "µs between alpha updates"),
-    ("rate_reduce_monitor_period", 0, 131_071, "µs: at most one cut per period"),
-    ("initial_alpha_value", 0, 1_023, "alpha at the first CNP, of 1024"),
-    ("clamp_tgt_rate", 0, 1, "1: only the first cut sets the target rate"),
-    ("clamp_tgt_rate_after_time_inc", 0, 1, "stored only (no effect here)"),
-    ("rate_to_set_on_first_cnp", 0, 1_000_000, "Mb/s at the first CNP (0: cut instead)"),
-    ("min_time_between_cnps", 0, 131_071, "µs: the NP's CNP gap per QP"),
+    (
+        "rate_reduce_monitor_period",
+        0,
+        131_071,
+        "µs: at most one cut per period",
+    ),
+    (
+        "initial_alpha_value",
+        0,
+        1_023,
+        "alpha at the first CNP, of 1024",
+    ),
+    (
+        "clamp_tgt_rate",
+        0,
+        1,
+        "1: only the first cut sets the target rate",
+    ),
+    (
+        "clamp_tgt_rate_after_time_inc",
+        0,
+        1,
+        "stored only (no effect here)",
+    ),
+    (
+        "rate_to_set_on_first_cnp",
+        0,
+        1_000_000,
+        "Mb/s at the first CNP (0: cut instead)",
+    ),
+    (
+        "min_time_between_cnps",
+        0,
+        131_071,
+        "µs: the NP's CNP gap per QP",
+    ),
     ("cnp_dscp", 0, 63, "the CNPs' DSCP"),
-    ("cnp_802p_prio", 0, 7, "the CNPs' 802.1p priority (on a VLAN)"),
+    (
+        "cnp_802p_prio",
+        0,
+        7,
+        "the CNPs' 802.1p priority (on a VLAN)",
+    ),
     ("timely_t_low_us", 0, 10_000_000, "TIMELY Tlow, µs"),
     ("timely_t_high_us", 0, 10_000_000, "TIMELY Thigh, µs"),
-    ("timely_min_rtt_us", 1, 10_000_000, "TIMELY minimum RTT (the gradient's normaliser), µs"),
+    (
+        "timely_min_rtt_us",
+        1,
+        10_000_000,
+        "TIMELY minimum RTT (the gradient's normaliser), µs",
+    ),
     ("timely_beta_milli", 0, 1_000, "TIMELY β, 1/1000"),
     ("timely_alpha_milli", 0, 1_000, "TIMELY EWMA α, 1/1000"),
-    ("timely_delta_mbps", 0, 1_000_000, "TIMELY additive step δ, Mb/s"),
-    ("timely_hai_after", 1, 1_000, "TIMELY: negative gradients before hyper-additive increase"),
-    ("timely_hai_n", 1, 1_000, "TIMELY: steps of δ per hyper-additive increase"),
+    (
+        "timely_delta_mbps",
+        0,
+        1_000_000,
+        "TIMELY additive step δ, Mb/s",
+    ),
+    (
+        "timely_hai_after",
+        1,
+        1_000,
+        "TIMELY: negative gradients before hyper-additive increase",
+    ),
+    (
+        "timely_hai_n",
+        1,
+        1_000,
+        "TIMELY: steps of δ per hyper-additive increase",
+    ),
     ("timely_min_rate_mbps", 0, 1_000_000, "TIMELY's floor, Mb/s"),
-    ("line_rate", 1, 10_000_000, "Mb/s: the port's rate, where an RP starts"),
-    ("pacing_burst", 64, 16 << 20, "bytes the pacer lets out at once"),
+    (
+        "line_rate",
+        1,
+        10_000_000,
+        "Mb/s: the port's rate, where an RP starts",
+    ),
+    (
+        "pacing_burst",
+        64,
+        16 << 20,
+        "bytes the pacer lets out at once",
+    ),
 ];
 
 impl CcConfig {
@@ -256,6 +343,17 @@ impl QpCc {
     #[inline]
     pub fn limiting(&self) -> bool {
         self.limiter.rate_kbps() < self.line_kbps
+    }
+
+    /// Whether [`QpCc::on_request_sent`] has anything to do: the pacer limits, DCQCN's RP is
+    /// active (its byte counter), or TIMELY (its probes).
+    #[inline]
+    pub fn wants_tx_events(&self) -> bool {
+        self.limiting()
+            || match &self.rp {
+                Rp::Dcqcn(r) => r.is_active(),
+                Rp::Timely(_) => true,
+            }
     }
 
     /// Whether a request is held by the pacer until its deadline.
@@ -426,11 +524,9 @@ pub(crate) fn produce_cnp(
     use crate::rnic::verbs::QpType;
     let udp_sport = match qp.qp_type {
         QpType::Ud => rocemu_wire::udp_sport_for_qpn(qp.qpn),
-        _ => rocemu_wire::udp_sport_for_flow(
-            qp.attr.ah_attr.flow_label,
-            qp.qpn,
-            qp.attr.dest_qp_num,
-        ),
+        _ => {
+            rocemu_wire::udp_sport_for_flow(qp.attr.ah_attr.flow_label, qp.qpn, qp.attr.dest_qp_num)
+        }
     };
     dev.ip_ident = dev.ip_ident.wrapping_add(1);
     let f = super::CnpFields {
