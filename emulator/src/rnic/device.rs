@@ -340,19 +340,24 @@ impl Dev {
                 ethertype: 0,
             },
             ip: IpRepr::roce(src, dst, tc, ttl, av.flow_label),
-            // rxe's choice (Annex A17.5.1.1 only asks for a port fixed per flow).
-            sport: match qp.qp_type {
-                QpType::Ud => rocemu_wire::udp_sport_for_qpn(qp.qpn),
-                _ => rocemu_wire::udp_sport_for_flow(av.flow_label, qp.qpn, qp.attr.dest_qp_num),
-            },
+            sport: Self::sport_for(qp, av),
             dport: ROCEV2_UDP_PORT,
             bth,
             ext,
         }
     }
 
+    /// The UDP source port of `qp`'s packets to `av`: rxe's choice (Annex A17.5.1.1 only asks
+    /// for a port fixed per flow).
+    pub fn sport_for(qp: &Qp, av: &AhAttr) -> u16 {
+        match qp.qp_type {
+            QpType::Ud => rocemu_wire::udp_sport_for_qpn(qp.qpn),
+            _ => rocemu_wire::udp_sport_for_flow(av.flow_label, qp.qpn, qp.attr.dest_qp_num),
+        }
+    }
+
     /// The IPv4 identification of the next packet: one counter for the device.
-    fn next_ident(&mut self) -> u16 {
+    pub fn next_ident(&mut self) -> u16 {
         self.ip_ident = self.ip_ident.wrapping_add(1);
         self.ip_ident
     }

@@ -4,8 +4,8 @@
 //!
 //! Invariants: every frame is counted once: in `rcvd_pkts` as it goes to its QP, or under the one
 //! `rx_drop_*` reason it was dropped for (or, a CNP, in `rp_cnp_handled` or `rp_cnp_ignored`);
-//! a connected QP takes packets from
-//! its peer only, in RTR or later; no frame, whatever it holds, panics.
+//! a connected QP takes packets from its peer only, in RTR or later; no frame, whatever it
+//! holds, panics.
 use super::verbs::*;
 use super::{cc, completer, responder, Rnic};
 use crate::logs::qp_event;

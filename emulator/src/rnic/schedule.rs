@@ -3,11 +3,12 @@
 //!
 //! Invariants: a QP is on the schedule once at most (`scheduled`), and is on it whenever it has
 //! a CNP, responses or requests to send (requests its pacer does not hold back: a held QP has
-//! a pacing deadline on the heap instead); a CNP goes first, then responses, then requests; a QP sends at most
-//! [`TX_BURST`] packets before the next QP's turn. Entries of the schedule and of the timer
+//! a pacing deadline on the heap instead); a CNP goes first, then responses, then requests; a
+//! QP sends at most [`TX_BURST`] packets before the next QP's turn. Entries of the schedule and of the timer
 //! heap carry the QPN as well as the slot, so that one left by a destroyed QP acts on nothing.
 //! The heap holds at most one entry per deadline kind (retransmit, RNR, congestion control) and
-//! live QP plus the stale ones, which it is rebuilt without when they are many. `handle_timeout(now)` is idempotent.
+//! live QP plus the stale ones, which it is rebuilt without when they are many.
+//! `handle_timeout(now)` is idempotent.
 use super::qp::Qp;
 use super::{cc, completer, requester, responder, Rnic};
 use crate::time::Nanos;

@@ -521,14 +521,8 @@ pub(crate) fn produce_cnp(
     to: crate::rnic::qp::CnpTo,
     buf: &mut [u8],
 ) -> Option<usize> {
-    use crate::rnic::verbs::QpType;
-    let udp_sport = match qp.qp_type {
-        QpType::Ud => rocemu_wire::udp_sport_for_qpn(qp.qpn),
-        _ => {
-            rocemu_wire::udp_sport_for_flow(qp.attr.ah_attr.flow_label, qp.qpn, qp.attr.dest_qp_num)
-        }
-    };
-    dev.ip_ident = dev.ip_ident.wrapping_add(1);
+    let udp_sport = crate::rnic::Dev::sport_for(qp, &qp.attr.ah_attr);
+    let ip_ident = dev.next_ident();
     let f = super::CnpFields {
         src_mac: dev.cfg.mac,
         dst_mac: to.mac,
@@ -540,7 +534,7 @@ pub(crate) fn produce_cnp(
         vlan: None,
         prio: dev.cfg.cc.dcqcn.cnp_802p_prio,
         ttl: 64,
-        ip_ident: dev.ip_ident,
+        ip_ident,
         udp_sport,
         flow_label: qp.attr.ah_attr.flow_label,
     };
