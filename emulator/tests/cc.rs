@@ -187,8 +187,51 @@ fn one_cut_per_monitor_period_in_a_cnp_burst() {
 }
 
 #[test]
-fn recovery_fast_then_additive_then_hyper() {
+fn the_cuts_of_one_episode_keep_its_target() {
+    // The defaults (clamp_tgt_rate 0, clamp_tgt_rate_after_time_inc 1): the first cut sets the
+    // target, later cuts with no increase event between leave it; a cut after a timer
+    // increase sets it again, and so does one after a byte-counter increase.
     let p = DcqcnParams::default();
+    let mut rp = DcqcnRp::new(p, LINE_10G);
+    rp.on_cnp(us(0));
+    let first = rp.rate_kbps();
+    assert_eq!(rp.target_kbps(), 10_000_000);
+    rp.on_cnp(us(4));
+    rp.on_cnp(us(8));
+    assert!(rp.rate_kbps() < first);
+    assert_eq!(rp.target_kbps(), 10_000_000, "the episode keeps its target");
+    // The timer's first increase (fast recovery) at 8 + 300 µs, then a CNP: the target follows.
+    rp.poll(us(308));
+    assert_eq!(rp.stages(), (1, 0));
+    rp.on_cnp(us(309));
+    let before = rp.target_kbps();
+    assert!(before < 10_000_000);
+    // With clamp_tgt_rate_after_time_inc 0, a timer increase does not move it.
+    let q = DcqcnParams {
+        clamp_tgt_rate_after_time_inc: 0,
+        ..p
+    };
+    let mut r2 = DcqcnRp::new(q, LINE_10G);
+    r2.on_cnp(us(0));
+    r2.on_cnp(us(4));
+    r2.poll(us(304));
+    r2.on_cnp(us(305));
+    assert_eq!(r2.target_kbps(), 10_000_000);
+    // A byte-counter increase does (rpg_byte_reset · 64 bytes sent).
+    r2.on_tx(us(306), u64::from(q.rpg_byte_reset) * 64);
+    assert_eq!(r2.stages().1, 1);
+    let rc = r2.rate_kbps();
+    r2.on_cnp(us(320));
+    assert_eq!(r2.target_kbps(), rc);
+}
+
+#[test]
+fn recovery_fast_then_additive_then_hyper() {
+    // clamp_tgt_rate: every CNP sets the target to the current rate.
+    let p = DcqcnParams {
+        clamp_tgt_rate: 1,
+        ..DcqcnParams::default()
+    };
     let mut rp = DcqcnRp::new(p, LINE_10G);
     // Two cuts so that the target is below line rate: at 0 and at 4 µs.
     rp.on_cnp(us(0));

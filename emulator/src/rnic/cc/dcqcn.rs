@@ -15,14 +15,16 @@
 //!   141; with 20 bits it is 142). ConnectX's internal precision is unverified.
 //! - **Cut**: a CNP cuts at most once per `rate_reduce_monitor_period` (a CNP inside the period of
 //!   the last cut is *ignored* for the rate — mlx5's `rp_cnp_ignored` — but still counts for
-//!   alpha). A cut: `rt = rc` (with `clamp_tgt_rate` set, only at the first cut after
-//!   activation), then `rc -= min(rc·alpha >> rpg_gd, rc·(100 − rpg_min_dec_fac)/100)` (with
+//!   alpha). A cut: `rt = rc` when `clamp_tgt_rate` is set, at the first cut after activation,
+//!   and at a cut after an increase event of the byte counter (or of the timer, with
+//!   `clamp_tgt_rate_after_time_inc`); the other cuts of an episode leave `rt`. Then `rc -= min(rc·alpha >> rpg_gd, rc·(100 − rpg_min_dec_fac)/100)` (with
 //!   the fine alpha, `>> (rpg_gd + 10)`), never below `rpg_min_rate`; the increase stages
 //!   `T`, `BC`, the byte count and the `rpg_time_reset` timer restart.
 //! - **Increase events**: every `rpg_time_reset` µs (`T += 1`) and every `rpg_byte_reset`·64 bytes
 //!   sent (`BC += 1`). With `F = rpg_threshold`, counted after the increment:
 //!   `max(T, BC) ≤ F` → fast recovery `rc = ⌈(rt + rc)/2⌉`; `min(T, BC) > F` → hyper increase
 //!   `rt += rpg_hai_rate`, `rc = ⌈(rt + rc)/2⌉`; otherwise additive increase `rt += rpg_ai_rate`,
+//!   (with `rpg_byte_reset` 0, the byte counter is off and `BC` is taken as `T`),
 //!   `rc = ⌈(rt + rc)/2⌉`. `rt` and `rc` never exceed the line rate. The average rounds up so
 //!   that `rc` reaches `rt` (a floored average stops one kb/s short). When `rc` and `rt` are both
 //!   back at line rate the RP goes idle again (its timers stop, as a released rate limiter).
@@ -42,9 +44,13 @@
 //! `rate_to_set_on_first_cnp` (Mb/s, 0), `rpg_min_dec_fac` (%, 50), `rpg_min_rate` (Mb/s, 1),
 //! `rpg_gd` (α to rate-reduction shift) and the alpha rule (up with a CNP in the period, down
 //! otherwise); the increase rules follow the DCQCN paper (Zhu et al., SIGCOMM 2015), not read
-//! here. **Unverified**: the exact stage conditions and the hyper-increase step on ConnectX, the
-//! effect of `clamp_tgt_rate` (taken from a secondary description) and of
-//! `clamp_tgt_rate_after_time_inc` (stored, no effect here), whether the first CNP cuts as well
+//! here. The two clamps follow Mellanox's descriptions as an ns-3 RDMA simulator's `third.cc`
+//! quotes them ("clamp_tgt_rate (false) - when receiving a CNP, the target rate is always updated
+//! to be the current rate"; "clamp_tgt_rate_after_time_inc (true) - … updated to be the current
+//! rate also if the last rate increase event was due to the timer, and not only due to the byte
+//! counter"): a secondary source, NVIDIA's own page is not in the stored copies. HPCC's
+//! simulator does the same with its defaults (no clamp while still in stage 0).
+//! **Unverified**: the exact stage conditions and the hyper-increase step on ConnectX, whether the first CNP cuts as well
 //! as setting `rate_to_set_on_first_cnp`, and the units of `rpg_time_reset` / `rpg_byte_reset`
 //! beyond the issue's statement. NVIDIA calls `rpg_min_dec_fac` "the maximal ratio of rate
 //! decrease in a single event"; the bound here is the issue's `rc·(1 − min_dec_fac)`, the same
@@ -168,6 +174,15 @@ pub struct DcqcnRp {
     t_stage: u32,
     bc_stage: u32,
     bytes: u64,
+    /// What drove the last increase event since the last cut (none yet: `None`).
+    last_increase: Option<Increase>,
+}
+
+/// What an increase event came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Increase {
+    Timer,
+    Bytes,
 }
 
 fn us(v: u32) -> u64 {
@@ -195,6 +210,7 @@ impl DcqcnRp {
             t_stage: 0,
             bc_stage: 0,
             bytes: 0,
+            last_increase: None,
         }
     }
 
@@ -276,7 +292,19 @@ impl DcqcnRp {
                 return CnpOutcome::Ignored;
             }
         }
-        if self.p.clamp_tgt_rate == 0 || self.cuts == 0 {
+        // The target rate: set to the current rate at every CNP with `clamp_tgt_rate`;
+        // otherwise only at the first cut, and at a cut that follows an increase event (one of
+        // the byte counter, or one of the timer with `clamp_tgt_rate_after_time_inc`). The cuts
+        // of one episode of congestion keep the target where the episode began, so that fast
+        // recovery goes back towards it.
+        let clamp = self.p.clamp_tgt_rate != 0
+            || self.cuts == 0
+            || match self.last_increase {
+                Some(Increase::Bytes) => true,
+                Some(Increase::Timer) => self.p.clamp_tgt_rate_after_time_inc != 0,
+                None => false,
+            };
+        if clamp {
             self.rt = self.rc;
         }
         let by_alpha = (u128::from(self.rc) * u128::from(self.alpha))
@@ -295,6 +323,7 @@ impl DcqcnRp {
         self.t_stage = 0;
         self.bc_stage = 0;
         self.bytes = 0;
+        self.last_increase = None;
         self.next_increase = match self.p.rpg_time_reset {
             0 => None,
             t => Some(now + Nanos(us(t))),
@@ -312,6 +341,7 @@ impl DcqcnRp {
         while self.active && self.bytes >= step {
             self.bytes -= step;
             self.bc_stage = self.bc_stage.saturating_add(1);
+            self.last_increase = Some(Increase::Bytes);
             self.increase();
         }
     }
@@ -338,6 +368,7 @@ impl DcqcnRp {
                 }
                 self.next_increase = Some(d + Nanos(t));
                 self.t_stage = self.t_stage.saturating_add(1);
+                self.last_increase = Some(Increase::Timer);
                 self.increase();
             }
         }
@@ -367,7 +398,15 @@ impl DcqcnRp {
 
     fn increase(&mut self) {
         let f = self.p.rpg_threshold;
-        let (t, bc) = (self.t_stage, self.bc_stage);
+        let t = self.t_stage;
+        // With the byte counter off (`rpg_byte_reset` 0) the timer's stage alone decides, as
+        // in the DCQCN variants that have no byte counter (HPCC's simulator); otherwise a
+        // counter that never moves would hold the RP out of hyper increase for good.
+        let bc = if self.p.rpg_byte_reset == 0 {
+            t
+        } else {
+            self.bc_stage
+        };
         if t.max(bc) <= f {
             // fast recovery
         } else if t.min(bc) > f {
