@@ -30,6 +30,7 @@ pub mod ip;
 pub mod mad;
 pub mod nd;
 pub mod opcode;
+pub mod pfc;
 pub mod template;
 pub mod types;
 
