@@ -13,6 +13,7 @@ mod forge_cm;
 mod perf;
 mod pingpong;
 mod rping;
+mod sim;
 mod stats;
 
 #[derive(Parser, Debug)]
@@ -48,6 +49,9 @@ enum Cmd {
     Pingpong(pingpong::Args),
     /// librdmacm's rping on RoCEmu: connects through the IB CM (rdma_cm), on --dev.
     Rping(rping::Args),
+    /// The fabric simulator: real RoCEmu RNICs at every host of a simulated fabric (switches
+    /// with ECN and PFC), in virtual time, deterministic from --seed.
+    Sim(sim::Args),
     /// The running RoCEmu devices, and one's counters (rdma statistic's names), per QP, as
     /// rates, JSON or Prometheus (also served on HTTP with --listen).
     Stats(stats::Args),
@@ -102,6 +106,7 @@ fn main() -> ExitCode {
         Cmd::Perf(a) => perf::run(&a),
         Cmd::Pingpong(a) => pingpong::run(&a),
         Cmd::Rping(a) => rping::run(&a),
+        Cmd::Sim(a) => sim::run(&a),
         Cmd::Stats(a) => stats::run(&a),
         Cmd::Rxevm { args } => rocemu_testbed::rxevm::cli(&args)
             .map(|c| ExitCode::from(c.clamp(0, 255) as u8))

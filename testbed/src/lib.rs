@@ -4,6 +4,8 @@
 //!   matrix).
 //! * [`rxevm`]: the `rdma_rxe` VM lab — TCG VMs running Linux's soft RoCE behind a bridge in a
 //!   private namespace (`rocemu rxevm up|down|exec`; guest recipe and C peers in `rxevm/`).
+//! * [`fabric`]: the fabric simulator — a real RNIC at every host of a simulated fabric of
+//!   switches with ECN and PFC, in virtual time (`rocemu sim`).
 //!
 //! Invariants: a test bed creates only namespaces, interfaces and VMs of its own and removes
 //! them when dropped (also while a failing test unwinds); nothing here carries RoCE itself — the
@@ -11,5 +13,6 @@
 // Unsafe only where the kernel demands it (`netns`: setns).
 #![deny(unsafe_code)]
 
+pub mod fabric;
 pub mod netns;
 pub mod rxevm;
