@@ -136,12 +136,15 @@ pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
         let e = t0.elapsed().as_secs();
         if e >= 3 && e != last {
             last = e;
-            eprint!(
-                "\rrocemu sim: {:.2} of {:.2} ms simulated, {:.1} M packet-hops/s   ",
-                sim_ns as f64 / 1e6,
-                total as f64 / 1e6,
-                hops as f64 / 1e6 / t0.elapsed().as_secs_f64()
-            );
+            let (sim, end) = (sim_ns as f64 / 1e6, total as f64 / 1e6);
+            let speed = hops as f64 / 1e6 / t0.elapsed().as_secs_f64();
+            if sim_ns <= total {
+                eprint!("\rrocemu sim: {sim:.2} of {end:.2} ms simulated, {speed:.1} M packet-hops/s   ");
+            } else {
+                eprint!(
+                    "\rrocemu sim: {sim:.2} ms simulated, the last flows finishing (they arrived until {end:.2} ms), {speed:.1} M packet-hops/s   "
+                );
+            }
         }
     };
     let r = s.run(&mut progress)?;

@@ -36,6 +36,10 @@ const ETH_MTU: usize = 1500;
 const MAX_FRAME_WIRE: u64 = ETH_MTU as u64 + 18 + WIRE_OVERHEAD;
 /// Bytes one WRITE work request carries (a flow is a train of them).
 const CHUNK: u64 = 64 * 1024;
+/// The most hosts a fabric has (each is a whole RNIC, about 250 kB).
+pub const MAX_HOSTS: usize = 8192;
+/// The most flows a run takes (each costs its state and, while it runs, a QP pair).
+pub const MAX_FLOWS: usize = 2_000_000;
 /// Work requests a flow keeps posted (8 MiB: the RNIC's own window, 8192 PSNs, is what limits a flow).
 const WR_WINDOW: u64 = 128;
 
@@ -324,8 +328,12 @@ impl Fabric {
     pub fn new(topo: Topology, cfg: FabricConfig) -> Result<Fabric, String> {
         topo.check()?;
         let n = topo.kinds.len();
-        if n > 1 << 24 {
-            return Err("more than 2^24 nodes".into());
+        let n_hosts = topo.hosts().len();
+        if n > 1 << 20 || n_hosts > MAX_HOSTS {
+            // Each host is a whole RNIC (its tables, a CQ, an MR): bounded, as memory is.
+            return Err(format!(
+                "{n_hosts} hosts of {n} nodes: at most {MAX_HOSTS} hosts and 2^20 nodes"
+            ));
         }
         let mut ports: Vec<Vec<Port>> = (0..n).map(|_| Vec::new()).collect();
         for l in &topo.links {
@@ -435,6 +443,11 @@ impl Fabric {
 
     /// Adds a flow; it starts at its `start_ns`.
     pub fn add_flow(&mut self, spec: FlowSpec) -> Result<usize, String> {
+        if self.flows.len() >= MAX_FLOWS {
+            return Err(format!(
+                "more than {MAX_FLOWS} flows: a shorter --duration or a lower --load"
+            ));
+        }
         for h in [spec.src, spec.dst] {
             if self.kinds.get(h) != Some(&NodeKind::Host) {
                 return Err(format!(

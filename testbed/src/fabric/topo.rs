@@ -89,10 +89,11 @@ impl Topology {
         t
     }
 
-    /// The victim flow of the DCQCN paper's PFC experiments: switch L holds incast senders
-    /// 0..k and the victim's sender V = k; switch R holds incast senders k+1..2k+1, the incast
-    /// receiver 2k+1 … (see [`VictimRoles`]), one L–R link carries both the victim and half the
-    /// incast. The bottleneck is R's port to the incast receiver.
+    /// The victim flow of PFC's classic experiment: switch L holds `k` incast senders
+    /// (hosts 0..k) and the victim's sender (host k); switch R holds `k` more incast senders
+    /// (k+1..=2k), the incast receiver (2k+1) and the victim's receiver (2k+2); one L–R link
+    /// carries the victim and half the incast ([`VictimRoles`] names them). The bottleneck is
+    /// R's port to the incast receiver.
     pub fn victim(k: usize, bps: u64) -> (Topology, VictimRoles) {
         // Hosts: 0..k on L (incast), k = V on L, k+1..2k+1 on R (incast), 2k+1 = incast
         // receiver on R, 2k+2 = the victim's receiver on R.

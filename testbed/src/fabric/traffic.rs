@@ -102,7 +102,8 @@ pub fn poisson(
     }
     loop {
         t += -(1.0 - unit()).ln() / rate * 1e9;
-        if t >= duration_ns as f64 {
+        // (One past the simulator's limit is enough for it to refuse the run.)
+        if t >= duration_ns as f64 || out.len() > super::sim::MAX_FLOWS {
             return out;
         }
         let src = (unit() * hosts.len() as f64) as usize % hosts.len();
