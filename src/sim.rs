@@ -109,7 +109,7 @@ pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
     let mut s = SimArgs::new(scenario, a.cc.cc.unwrap_or_default());
     s.rate_bps = rate_bps;
     s.duration_ns = (a.duration * 1e6).round() as u64;
-    s.cc = a.cc.config(Some((rate_bps / 1_000_000) as u32))?;
+    s.fabric.cc = a.cc.config(Some((rate_bps / 1_000_000) as u32))?;
     let f = &mut s.fabric;
     f.seed = a.seed;
     f.pfc = a.pfc == "on";

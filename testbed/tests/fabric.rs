@@ -18,7 +18,23 @@ fn run(scenario: Scenario, cc: CcAlgo, pfc: bool, ms: u64, f: impl Fn(&mut SimAr
 /// senders at 100 Gb/s cut each other to the floor and sit there for `rpg_time_reset`
 /// (docs/congestion.md shows it); 1 Gb/s is HPCC's floor.
 fn floor_1g(a: &mut SimArgs) {
-    a.cc.set("rpg_min_rate", 1000).unwrap();
+    a.fabric.cc.set("rpg_min_rate", 1000).unwrap();
+}
+
+/// An incast of `n` long flows into host `n` at 100 Gb/s, built by hand (to reach the fabric's
+/// own records: the PFC frames, the watchdog).
+fn incast_fabric(n: usize, cfg: FabricConfig) -> Fabric {
+    let mut f = Fabric::new(Topology::incast(n, 100_000_000_000), cfg).unwrap();
+    for src in 0..n {
+        let spec = FlowSpec {
+            src,
+            dst: n,
+            bytes: None,
+            start_ns: 0,
+        };
+        f.add_flow(spec).unwrap();
+    }
+    f
 }
 
 #[test]
@@ -137,16 +153,7 @@ fn pause_frames_are_8021qbb_and_headroom_decides_loss() {
     assert!(short.drops > 0, "{}", short.text());
 
     // The frames themselves, as a switch sent them.
-    let mut f = Fabric::new(Topology::incast(4, 100_000_000_000), FabricConfig::new(3)).unwrap();
-    for s in 0..4 {
-        f.add_flow(FlowSpec {
-            src: s,
-            dst: 4,
-            bytes: None,
-            start_ns: 0,
-        })
-        .unwrap();
-    }
+    let mut f = incast_fabric(4, FabricConfig::new(3));
     f.run(1_000_000, 2_000_000, 2_000_000, &mut |_, _| {});
     let frames = &f.totals.pfc_frames;
     assert!(frames
@@ -170,16 +177,7 @@ fn the_watchdog_fires_within_its_detection_time() {
     let mut cfg = FabricConfig::new(5);
     cfg.watchdog_detect_ns = 2_000_000;
     cfg.watchdog_restore_ns = 2_000_000;
-    let mut f = Fabric::new(Topology::incast(2, 100_000_000_000), cfg).unwrap();
-    for s in 0..2 {
-        f.add_flow(FlowSpec {
-            src: s,
-            dst: 2,
-            bytes: None,
-            start_ns: 0,
-        })
-        .unwrap();
-    }
+    let mut f = incast_fabric(2, cfg);
     f.pause_storm(2, 1_000_000);
     f.run(4_000_000, 8_000_000, 8_000_000, &mut |_, _| {});
     let w = f.totals.watchdog.first().expect("the watchdog fired");

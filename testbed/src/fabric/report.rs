@@ -46,11 +46,11 @@ impl Scenario {
 #[derive(Debug, Clone)]
 pub struct SimArgs {
     pub scenario: Scenario,
-    pub cc: CcConfig,
     /// Host link rate, b/s (switch-to-switch links of the built-in topologies too; the fat
     /// tree's core and aggregation links are as HPCC's file has them).
     pub rate_bps: u64,
     pub duration_ns: u64,
+    /// The switches' knobs, and every host's congestion control (`fabric.cc`).
     pub fabric: FabricConfig,
 }
 
@@ -62,10 +62,9 @@ impl SimArgs {
         };
         c.ecn = cc == CcAlgo::Dcqcn;
         let mut fabric = FabricConfig::new(1);
-        fabric.cc = c.clone();
+        fabric.cc = c;
         SimArgs {
             scenario,
-            cc: c,
             rate_bps: 100_000_000_000,
             duration_ns: 40_000_000,
             fabric,
@@ -159,9 +158,7 @@ impl SimArgs {
             ));
         }
         let (topo, flows) = self.build()?;
-        let mut cfg = self.fabric.clone();
-        cfg.cc = self.cc.clone();
-        let mut fab = Fabric::new(topo, cfg)?;
+        let mut fab = Fabric::new(topo, self.fabric.clone())?;
         for f in flows {
             fab.add_flow(f)?;
         }
@@ -339,26 +336,10 @@ impl Report {
             .map(|&q| q as f64)
             .collect();
         let queue_p99_bytes = Pct::of(&mut qs).map_or(0, |p| p.p99 as u64);
-        let hr = fab
-            .topo
-            .links
-            .iter()
-            .flat_map(|l| [(l.a, l.b), (l.b, l.a)])
-            .filter(|&(u, _)| fab.topo.kinds[u] == super::topo::NodeKind::Switch)
-            .filter_map(|(u, v)| {
-                let ports = fab.topo.adjacency();
-                let p = ports[u].iter().position(|&(w, _)| w == v)?;
-                let l = fab.topo.links[ports[u][p].1];
-                Some((
-                    fab.headroom(u, p),
-                    super::sim::headroom_need(l.bps, l.delay_ns),
-                ))
-            })
-            .min()
-            .unwrap_or((0, 0));
+        let hr = fab.min_headroom();
         Report {
             scenario: a.scenario.name(),
-            cc: a.cc.algo.name().to_string(),
+            cc: a.fabric.cc.algo.name().to_string(),
             pfc: a.fabric.pfc,
             seed: a.fabric.seed,
             simulated_ms: fab.now as f64 / 1e6,

@@ -10,7 +10,7 @@ use super::queue::{Calendar, Keyed};
 use super::topo::{routes, NodeKind, Topology};
 use super::traffic::FlowSpec;
 use rand_chacha::ChaCha8Rng;
-use rand_core::{Rng as _, SeedableRng};
+use rand_core::SeedableRng;
 use rocemu_emulator::connect::{bring_up, ConnectOpts};
 use rocemu_emulator::rnic::cc::CcConfig;
 use rocemu_emulator::rnic::mr::MrInfo;
@@ -266,7 +266,6 @@ pub struct WatchdogEvent {
 pub struct Fabric {
     pub cfg: FabricConfig,
     pub topo: Topology,
-    kinds: Vec<NodeKind>,
     ports: Vec<Vec<Port>>,
     hosts: Vec<Option<Box<Host>>>,
     switches: Vec<Switch>,
@@ -284,6 +283,10 @@ pub struct Fabric {
     pub end_ns: u64,
     /// Finite flows neither finished nor failed.
     unfinished: usize,
+    /// The flows' bytes at the second half's start are taken.
+    half_taken: bool,
+    /// The designated bottleneck as (switch, port), found once.
+    bottleneck: Option<(usize, usize)>,
 }
 
 /// A host's addresses from its node id.
@@ -308,19 +311,6 @@ fn node_of_ip(b: &[u8]) -> Option<usize> {
     }
     let n = (u32::from(b[1]) << 16) | (u32::from(b[2]) << 8) | u32::from(b[3]);
     n.checked_sub(1).map(|n| n as usize)
-}
-
-fn ipv4_checksum(h: &[u8]) -> u16 {
-    let mut s = 0u32;
-    for (i, w) in h.chunks(2).enumerate() {
-        if i != 5 {
-            s += u32::from(u16::from_be_bytes([w[0], w[1]]));
-        }
-    }
-    while s > 0xffff {
-        s = (s & 0xffff) + (s >> 16);
-    }
-    !(s as u16)
 }
 
 impl Fabric {
@@ -349,6 +339,10 @@ impl Fabric {
             }
         }
         let routes = routes(&topo);
+        let bottleneck = topo.bottleneck.and_then(|(a, b)| {
+            let p = ports[a].iter().position(|p| p.peer as usize == b)?;
+            Some((a, p))
+        });
         let mut host_index = vec![usize::MAX; n];
         for (i, h) in topo.hosts().into_iter().enumerate() {
             host_index[h] = i;
@@ -410,7 +404,6 @@ impl Fabric {
             }
         }
         Ok(Fabric {
-            kinds: topo.kinds.clone(),
             topo,
             cfg,
             ports,
@@ -429,6 +422,8 @@ impl Fabric {
             half_ns: 0,
             end_ns: 0,
             unfinished: 0,
+            half_taken: false,
+            bottleneck,
         })
     }
 
@@ -449,7 +444,7 @@ impl Fabric {
             ));
         }
         for h in [spec.src, spec.dst] {
-            if self.kinds.get(h) != Some(&NodeKind::Host) {
+            if self.topo.kinds.get(h) != Some(&NodeKind::Host) {
                 return Err(format!(
                     "flow {}→{}: node {h} is not a host",
                     spec.src, spec.dst
@@ -492,9 +487,16 @@ impl Fabric {
         self.hosts.get(node)?.as_ref().map(|h| &h.rnic)
     }
 
-    /// The headroom of a switch's port (bytes).
-    pub fn headroom(&self, node: usize, port: usize) -> u64 {
-        self.ports[node][port].headroom
+    /// The smallest headroom a switch port reserved, and that port's computed need (bytes).
+    pub fn min_headroom(&self) -> (u64, u64) {
+        self.ports
+            .iter()
+            .enumerate()
+            .filter(|(u, _)| self.topo.kinds[*u] == NodeKind::Switch)
+            .flat_map(|(_, ps)| ps.iter())
+            .map(|p| (p.headroom, headroom_need(p.bps, p.delay_ns)))
+            .min()
+            .unwrap_or((0, 0))
     }
 
     /// Runs to `end_ns`; the second half (from `half_ns`) is what the figures measure. With
@@ -546,14 +548,8 @@ impl Fabric {
                 }
                 Ev::FlowStart { flow } => self.start_flow(flow as usize),
                 Ev::Refresh { node, port, prio } => {
-                    let p = &mut self.ports[node as usize][port as usize];
-                    if p.xoff[prio as usize] {
-                        p.ctrl
-                            .push_back(PfcRepr::one(Mac([0; 6]), prio, self.cfg.pause_quanta));
-                        self.totals.pause_frames += 1;
-                        let t = e.t + PfcRepr::pause_ns(self.cfg.pause_quanta, p.bps) / 2;
-                        self.push(t, Ev::Refresh { node, port, prio });
-                        self.kick(node as usize, port as usize);
+                    if self.ports[node as usize][port as usize].xoff[prio as usize] {
+                        self.send_xoff(node as usize, port as usize, prio);
                     }
                 }
                 Ev::Watchdog { node, port, prio } => {
@@ -626,7 +622,7 @@ impl Fabric {
         let Some(mut f) = self.ports[node][port].ctrl.pop_front() else {
             return false;
         };
-        if self.kinds[node] == NodeKind::Switch {
+        if self.topo.kinds[node] == NodeKind::Switch {
             // A switch port's own address, made from the node and port.
             f.src = Mac([
                 0x06,
@@ -642,7 +638,7 @@ impl Fabric {
         pk.len = f.emit(&mut pk.buf) as u32;
         pk.prio = 7;
         pk.summarize();
-        if self.kinds[node] == NodeKind::Switch && self.totals.pfc_frames.len() < 64 {
+        if self.topo.kinds[node] == NodeKind::Switch && self.totals.pfc_frames.len() < 64 {
             let b = pk.buf[..pk.len as usize].to_vec();
             self.totals.pfc_frames.push(b);
         }
@@ -678,7 +674,7 @@ impl Fabric {
         if self.send_ctrl(node, port) {
             return;
         }
-        match self.kinds[node] {
+        match self.topo.kinds[node] {
             NodeKind::Switch => self.switch_tx(node, port),
             NodeKind::Host => self.host_tx(node),
         }
@@ -737,7 +733,6 @@ impl Fabric {
     }
 
     fn switch_tx(&mut self, u: usize, port: usize) {
-        let now = self.now;
         let mut next_wake: Option<u64> = None;
         let mut chosen = None;
         for prio in (0..8u8).rev() {
@@ -779,18 +774,17 @@ impl Fabric {
                     let pr = self.cfg.pmax * (qlen - self.cfg.kmin_bytes) as f64
                         / (self.cfg.kmax_bytes - self.cfg.kmin_bytes).max(1) as f64;
                     let rng = self.switches[u].rng.as_mut().expect("a switch");
-                    ((rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64) < pr
+                    super::traffic::unit(rng) < pr
                 };
                 if mark {
                     let pk = &mut self.pkts[i as usize];
                     pk.buf[15] |= 3;
-                    let c = ipv4_checksum(&pk.buf[14..34]);
+                    let c = rocemu_wire::ip::ipv4_checksum(&pk.buf[14..34]);
                     pk.buf[24..26].copy_from_slice(&c.to_be_bytes());
                     self.totals.ecn_marked += 1;
                 }
             }
         }
-        let _ = now;
         self.transmit(u, port, i);
     }
 
@@ -832,6 +826,25 @@ impl Fabric {
                 );
             }
         }
+    }
+
+    /// Queues an XOFF for `prio` on switch `u`'s `port` and its refresh at half its pause
+    /// time (the refresh sends again while the ingress stays XOFF).
+    fn send_xoff(&mut self, u: usize, port: usize, prio: u8) {
+        let p = &mut self.ports[u][port];
+        p.ctrl
+            .push_back(PfcRepr::one(Mac([0; 6]), prio, self.cfg.pause_quanta));
+        self.totals.pause_frames += 1;
+        let t = self.now + PfcRepr::pause_ns(self.cfg.pause_quanta, p.bps) / 2;
+        self.push(
+            t,
+            Ev::Refresh {
+                node: u as u32,
+                port: port as u16,
+                prio,
+            },
+        );
+        self.kick(u, port);
     }
 
     fn note_stalled(&mut self, u: usize, port: usize, prio: u8) {
@@ -902,7 +915,7 @@ impl Fabric {
             self.free_pkt(i);
             return;
         }
-        match self.kinds[u] {
+        match self.topo.kinds[u] {
             NodeKind::Host => {
                 let now = Nanos(self.now);
                 let h = self.hosts[u].as_mut().expect("a host");
@@ -1012,19 +1025,7 @@ impl Fabric {
             let thr = pfc_threshold(&self.cfg, sw);
             if ip.hdrm[prio as usize] > 0 || ip.ing[prio as usize] >= thr {
                 ip.xoff[prio as usize] = true;
-                ip.ctrl
-                    .push_back(PfcRepr::one(Mac([0; 6]), prio, self.cfg.pause_quanta));
-                self.totals.pause_frames += 1;
-                let t = now + PfcRepr::pause_ns(self.cfg.pause_quanta, ip.bps) / 2;
-                self.push(
-                    t,
-                    Ev::Refresh {
-                        node: u as u32,
-                        port: inp as u16,
-                        prio,
-                    },
-                );
-                self.kick(u, inp);
+                self.send_xoff(u, inp, prio);
             }
         }
         let op = &mut self.ports[u][out];
@@ -1197,16 +1198,13 @@ impl Fabric {
 
     /// The bottleneck queue (or the deepest switch queue), bytes.
     fn queue_now(&self) -> u64 {
-        match self.topo.bottleneck {
-            Some((a, b)) => self.ports[a]
-                .iter()
-                .find(|p| p.peer as usize == b)
-                .map_or(0, |p| p.qbytes.iter().sum()),
+        match self.bottleneck {
+            Some((a, p)) => self.ports[a][p].qbytes.iter().sum(),
             None => self
                 .ports
                 .iter()
                 .enumerate()
-                .filter(|(u, _)| self.kinds[*u] == NodeKind::Switch)
+                .filter(|(u, _)| self.topo.kinds[*u] == NodeKind::Switch)
                 .flat_map(|(_, ps)| ps.iter().map(|p| p.qbytes.iter().sum::<u64>()))
                 .max()
                 .unwrap_or(0),
@@ -1218,12 +1216,10 @@ impl Fabric {
         if t >= self.half_ns && t <= self.end_ns {
             self.totals.queue_samples_2nd.push(q);
         }
-        if t == self.half_ns || (t > self.half_ns && self.flows.iter().any(|f| f.done_at_half == 0))
-        {
+        if !self.half_taken && t >= self.half_ns {
+            self.half_taken = true;
             for f in self.flows.iter_mut() {
-                if f.done_at_half == 0 {
-                    f.done_at_half = f.done.max(1);
-                }
+                f.done_at_half = f.done;
             }
         }
         if t.is_multiple_of(self.cfg.series_ns.max(1)) {
@@ -1238,7 +1234,7 @@ impl Fabric {
         if t < self.end_ns {
             // Every µs (every 10 µs where every switch's queues are looked at): the queue
             // percentiles come from these samples.
-            let step = if self.topo.bottleneck.is_some() {
+            let step = if self.bottleneck.is_some() {
                 1_000
             } else {
                 10_000
@@ -1257,10 +1253,10 @@ impl Fabric {
     /// designated bottleneck, or the busiest link and the deepest queue of any switch.
     pub fn bottleneck_figures(&self) -> (f64, u64) {
         let span = self.end_ns.saturating_sub(self.half_ns).max(1) as f64;
-        match self.topo.bottleneck {
-            Some((a, b)) => {
-                let p = self.ports[a].iter().find(|p| p.peer as usize == b);
-                p.map_or((0.0, 0), |p| (p.busy_ns_2nd as f64 / span, p.queue_max))
+        match self.bottleneck {
+            Some((a, p)) => {
+                let p = &self.ports[a][p];
+                (p.busy_ns_2nd as f64 / span, p.queue_max)
             }
             None => {
                 let busiest = self
@@ -1274,7 +1270,7 @@ impl Fabric {
                     .ports
                     .iter()
                     .enumerate()
-                    .filter(|(u, _)| self.kinds[*u] == NodeKind::Switch)
+                    .filter(|(u, _)| self.topo.kinds[*u] == NodeKind::Switch)
                     .flat_map(|(_, ps)| ps.iter().map(|p| p.queue_max))
                     .max()
                     .unwrap_or(0);
@@ -1298,7 +1294,7 @@ impl Fabric {
         let mut u = src;
         let mut port = 0usize;
         let di = self.host_index[dst];
-        for _ in 0..self.kinds.len() {
+        for _ in 0..self.topo.kinds.len() {
             let p = &self.ports[u][port];
             out.push((p.bps, p.delay_ns));
             u = p.peer as usize;

@@ -312,24 +312,21 @@ pub struct VictimRoles {
     pub victim_receiver: usize,
 }
 
+/// A number with one of `units` (suffix, multiplier; longer suffixes first), or a bare number
+/// (multiplier 1), case-insensitive.
+fn with_unit(s: &str, units: &[(&str, f64)]) -> Option<f64> {
+    let l = s.to_ascii_lowercase();
+    let (num, mul) = units
+        .iter()
+        .find_map(|&(u, m)| l.strip_suffix(u).map(|x| (x, m)))
+        .unwrap_or((l.as_str(), 1.0));
+    num.parse::<f64>().ok().map(|v| v * mul)
+}
+
 /// `100Gbps`, `25Gbps`, `400Mbps`, `10000000000bps` or a bare number of bits per second.
 pub fn parse_rate(s: &str) -> Result<u64, String> {
-    let l = s.to_ascii_lowercase();
-    let (num, mul) = if let Some(x) = l.strip_suffix("gbps") {
-        (x, 1e9)
-    } else if let Some(x) = l.strip_suffix("mbps") {
-        (x, 1e6)
-    } else if let Some(x) = l.strip_suffix("kbps") {
-        (x, 1e3)
-    } else if let Some(x) = l.strip_suffix("bps") {
-        (x, 1.0)
-    } else {
-        (l.as_str(), 1.0)
-    };
-    let v: f64 = num
-        .parse()
-        .map_err(|_| format!("{s}: not a rate (as 100Gbps)"))?;
-    let bps = v * mul;
+    let units = [("gbps", 1e9), ("mbps", 1e6), ("kbps", 1e3), ("bps", 1.0)];
+    let bps = with_unit(s, &units).ok_or(format!("{s}: not a rate (as 100Gbps)"))?;
     if !(1e3..=1e13).contains(&bps) {
         return Err(format!("{s}: a rate between 1 kb/s and 10 Tb/s"));
     }
@@ -338,22 +335,8 @@ pub fn parse_rate(s: &str) -> Result<u64, String> {
 
 /// `1000ns`, `1us`, `0.001ms`, `1e-6s` or a bare number of nanoseconds.
 pub fn parse_delay(s: &str) -> Result<u64, String> {
-    let l = s.to_ascii_lowercase();
-    let (num, mul) = if let Some(x) = l.strip_suffix("ns") {
-        (x, 1.0)
-    } else if let Some(x) = l.strip_suffix("us") {
-        (x, 1e3)
-    } else if let Some(x) = l.strip_suffix("ms") {
-        (x, 1e6)
-    } else if let Some(x) = l.strip_suffix('s') {
-        (x, 1e9)
-    } else {
-        (l.as_str(), 1.0)
-    };
-    let v: f64 = num
-        .parse()
-        .map_err(|_| format!("{s}: not a delay (as 1000ns)"))?;
-    let ns = v * mul;
+    let units = [("ns", 1.0), ("us", 1e3), ("ms", 1e6), ("s", 1e9)];
+    let ns = with_unit(s, &units).ok_or(format!("{s}: not a delay (as 1000ns)"))?;
     if !(0.0..=1e9).contains(&ns) {
         return Err(format!("{s}: a delay between 0 and 1 s"));
     }

@@ -81,6 +81,11 @@ impl Cdf {
     }
 }
 
+/// A uniform draw in [0, 1) from `rng`'s top 53 bits.
+pub fn unit(rng: &mut ChaCha8Rng) -> f64 {
+    (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+}
+
 /// Poisson arrivals over `hosts` (every host a source, each destination uniform among the
 /// others) at `load` of each host's `bps`, for `duration_ns`, sizes from `cdf`.
 pub fn poisson(
@@ -92,7 +97,7 @@ pub fn poisson(
     seed: u64,
 ) -> Vec<FlowSpec> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x7472_6166_6669_6300);
-    let mut unit = move || (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+    let mut unit = move || unit(&mut rng);
     // Flows per second over all hosts: load · n · bps / (8 · mean size).
     let rate = load * hosts.len() as f64 * bps as f64 / (8.0 * cdf.mean());
     let mut t = 0.0f64;
