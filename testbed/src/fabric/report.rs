@@ -260,6 +260,8 @@ pub struct Report {
     pub flow_series: Vec<Vec<u64>>,
     pub queue_series: Vec<u64>,
     pub pause_series: Vec<u64>,
+    /// The first flow that failed, and why.
+    pub first_failure: Option<(usize, String)>,
     /// The smallest headroom a switch port reserved, and what that port needed.
     pub headroom: (u64, u64),
 }
@@ -364,6 +366,11 @@ impl Report {
             queue_series: fab.totals.queue_series.clone(),
             pause_series: fab.totals.pause_series.clone(),
             headroom: hr,
+            first_failure: fab
+                .flows
+                .iter()
+                .enumerate()
+                .find_map(|(i, f)| f.failed.clone().map(|w| (i, w))),
             flows,
         }
     }
@@ -453,6 +460,9 @@ impl Report {
                     "all", p.n, p.p50, p.p95, p.p99
                 );
             }
+        }
+        if let Some((id, why)) = self.first_failure.as_ref() {
+            s += &format!("first failed flow: {id}: {why}\n");
         }
         if let Some(j) = self.jain {
             s += &format!("Jain's fairness (long flows, second half): {j:.4}\n");

@@ -227,7 +227,8 @@ pub struct FlowState {
     pub done: u64,
     wrs_out: u64,
     pub finish_ns: Option<u64>,
-    pub failed: Option<WcStatus>,
+    /// Why the flow failed: its QPs could not be set up, or a work request completed in error.
+    pub failed: Option<String>,
     pub done_at_half: u64,
     /// Bytes completed at each series sample.
     pub series: Vec<u64>,
@@ -1110,8 +1111,7 @@ impl Fabric {
             }
             Err(e) => {
                 // A host out of QPs: the flow fails, the run goes on (reported).
-                let _ = e;
-                self.flows[f].failed = Some(WcStatus::GeneralErr);
+                self.flows[f].failed = Some(format!("its QPs could not be set up: {e}"));
                 if self.flows[f].spec.bytes.is_some() {
                     self.unfinished -= 1;
                 }
@@ -1160,7 +1160,7 @@ impl Fabric {
             return;
         }
         if status != WcStatus::Success {
-            fl.failed = Some(status);
+            fl.failed = Some(format!("a WRITE completed with {}", status.as_str()));
             if fl.spec.bytes.is_some() {
                 self.unfinished -= 1;
             }
