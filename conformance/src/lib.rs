@@ -18,6 +18,7 @@
 #![forbid(unsafe_code)]
 
 pub mod agent;
+pub mod cite;
 pub mod cm_peer;
 pub mod counters;
 pub mod dut;

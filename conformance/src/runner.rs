@@ -6,6 +6,7 @@
 //! serve the whole run, and `reset` clears the device between scenarios.
 use crate::agent::client::JsonClient;
 use crate::agent::{Agent, DeviceInfo};
+use crate::cite::Source;
 use crate::counters::{self, rnic_snapshot, Delta};
 use crate::dut::{self_target, Link, SelfAgent, SharedDut, PEER_IP, PEER_MAC};
 use crate::peer::Peer;
@@ -23,7 +24,8 @@ use std::time::{Duration, Instant};
 pub struct CaseResult {
     pub id: &'static str,
     pub title: &'static str,
-    pub spec: &'static str,
+    /// The scenario's citations in a few words ([`Scenario::spec`]).
+    pub spec: String,
     pub passed: bool,
     /// Why it failed (None when it passed).
     pub reason: Option<String>,
@@ -69,7 +71,7 @@ fn failed_setup(sc: &Scenario, why: String) -> CaseRun {
         result: CaseResult {
             id: sc.id,
             title: sc.title,
-            spec: sc.spec,
+            spec: sc.spec(),
             passed: false,
             reason: Some(why),
             frames: 0,
@@ -100,7 +102,7 @@ pub fn run_case(
         result: CaseResult {
             id: sc.id,
             title: sc.title,
-            spec: sc.spec,
+            spec: sc.spec(),
             passed: outcome.is_ok(),
             reason: outcome.err(),
             frames: peer.capture.len(),
@@ -373,7 +375,7 @@ impl Report {
                     s,
                     "\n    <failure message=\"{}\">{} — {}</failure>\n  ",
                     xml_escape(r),
-                    xml_escape(c.spec),
+                    xml_escape(&c.spec),
                     xml_escape(r)
                 );
             }
@@ -405,7 +407,7 @@ impl Report {
                 "| `{}` | {} | {} | {} |",
                 c.id,
                 md_cell(c.title),
-                md_cell(c.spec),
+                md_cell(&c.spec),
                 result
             );
         }
@@ -445,13 +447,41 @@ pub fn record(run: CaseRun, out: Option<&Path>) -> CaseResult {
     r
 }
 
-/// The catalogue as text: id, title, citation.
+/// The catalogue as text: id, title, and each citation with its release and the source that
+/// confirms it, or `unverified`.
 pub fn list(scenarios: &[Scenario]) -> String {
     let mut s = String::new();
+    let (mut checked, mut unverified) = (0, 0);
     for sc in scenarios {
-        let _ = writeln!(s, "{}\n    {}\n    {}", sc.id, sc.title, sc.spec);
+        let _ = writeln!(s, "{}\n    {}", sc.id, sc.title);
+        for c in sc.cites {
+            let doc = match c.release {
+                "A17 (2014)" => "RoCEv2 Annex A17, 2014".to_string(),
+                "ReDMArk (2021)" => "USENIX Security 2021".to_string(),
+                "not stated" => "IBTA Vol. 1, release not stated".to_string(),
+                r => format!("IBTA Vol. 1 Release {r}"),
+            };
+            let _ = writeln!(s, "    {} ({doc}): {}", c.clause, c.rule);
+            match c.source {
+                Source::Checked(src) => {
+                    checked += 1;
+                    let _ = writeln!(s, "        source: {src}");
+                }
+                Source::Unverified => {
+                    unverified += 1;
+                    let _ = writeln!(
+                        s,
+                        "        unverified: no public source read confirms this number"
+                    );
+                }
+            }
+        }
     }
-    let _ = writeln!(s, "{} scenarios", scenarios.len());
+    let _ = writeln!(
+        s,
+        "{} scenarios; {checked} citations checked against a source, {unverified} unverified",
+        scenarios.len()
+    );
     s
 }
 

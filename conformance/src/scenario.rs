@@ -3,6 +3,7 @@
 use crate::agent::{
     Agent, AgentError, Ah, DeviceInfo, ModifyQp, MrInfo, QpInit, RecvWr, Sge, WorkCompletion,
 };
+use crate::cite::Cite;
 use crate::peer::{Craft, Peer};
 use rocemu_emulator::rnic::{Access, QpState, QpType};
 use rocemu_wire::{Opcode, Psn, QKey, Qpn};
@@ -17,12 +18,17 @@ pub struct Scenario {
     /// Stable: reports, filters and the failing-device tests refer to it.
     pub id: &'static str,
     pub title: &'static str,
-    /// The part of the spec it checks.
-    pub spec: &'static str,
+    /// Where the rules it checks are written, with release and source ([`crate::cite`]).
+    pub cites: &'static [Cite],
     pub run: fn(&mut Ctx<'_>) -> Outcome,
 }
 
 impl Scenario {
+    /// The citations in a few words: the reports' `spec` text.
+    pub fn spec(&self) -> String {
+        crate::cite::spec_text(self.cites)
+    }
+
     /// The first component of the id (`hdr`, `psn`, `rdma`, …).
     pub fn category(&self) -> &'static str {
         self.id.split('.').next().unwrap_or(self.id)

@@ -134,7 +134,7 @@ fn catalogue_ids_are_unique_and_cited() {
     assert_eq!(ids.len(), all.len(), "duplicate scenario ids");
     for s in &all {
         assert!(
-            !s.spec.is_empty() && !s.title.is_empty(),
+            !s.cites.is_empty() && !s.title.is_empty(),
             "{} lacks a title or citation",
             s.id
         );

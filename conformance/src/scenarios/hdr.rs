@@ -2,6 +2,7 @@
 //! without a word, and the QP goes on as if they never came. Every scenario sends the bad
 //! packet first, then the same packet made right, which must be accepted: a device that drops
 //! everything does not pass.
+use crate::cite;
 use crate::peer::Craft;
 use crate::scenario::{pattern, psn_text, ConnOpts, Ctx, Outcome, Scenario};
 use rocemu_wire::{NakCode, Opcode, PKey, Qpn};
@@ -10,67 +11,67 @@ pub const SCENARIOS: &[Scenario] = &[
     Scenario {
         id: "hdr.icrc.bad-silent-drop",
         title: "A SEND with a wrong ICRC is dropped silently; the same SEND with the right one is accepted",
-        spec: "IBTA Vol.1 Annex A17.3.3 (ICRC), 9.6.1.1",
+        cites: &[cite::A17_ICRC, cite::A17_DROP],
         run: icrc_bad,
     },
     Scenario {
         id: "hdr.tver.nonzero-silent-drop",
         title: "A SEND with BTH TVer=1 is dropped silently",
-        spec: "IBTA Vol.1 9.2 (TVer), 9.6.1.1 (header validation)",
+        cites: &[cite::BTH, cite::A17_VALIDATE, cite::HDR_VALIDATION],
         run: tver_nonzero,
     },
     Scenario {
         id: "hdr.pkey.mismatch-silent-drop",
         title: "A SEND with a P_Key outside the QP's partition (0x1234) is dropped silently",
-        spec: "IBTA Vol.1 9.6.1.1, 10.9.1 (P_Key check)",
+        cites: &[cite::PKEY_C9_43, cite::A17_PKEY, cite::PKEY_CHECK],
         run: pkey_mismatch,
     },
     Scenario {
         id: "hdr.dqpn.unknown-silent-drop",
         title: "A SEND to a QPN that does not exist is dropped silently",
-        spec: "IBTA Vol.1 9.6.1.1 (destination QP)",
+        cites: &[cite::A17_VALIDATE, cite::HDR_VALIDATION],
         run: dqpn_unknown,
     },
     Scenario {
         id: "hdr.opcode.uc-on-rc-silent-drop",
         title: "A UC opcode sent to an RC QP is dropped silently",
-        spec: "IBTA Vol.1 9.6.1.1 (opcode valid for the QP's service type)",
+        cites: &[cite::A17_VALIDATE, cite::HDR_VALIDATION],
         run: uc_on_rc,
     },
     Scenario {
         id: "hdr.pad.stripped",
         title: "A 5-byte SEND with pad count 3 delivers exactly 5 bytes; the pad bytes reach no memory",
-        spec: "IBTA Vol.1 9.2 (PadCnt), 9.7.5.1.3",
+        cites: &[cite::BTH],
         run: pad_stripped,
     },
     Scenario {
         id: "hdr.pad.first-short-nak",
         title: "A SEND FIRST carrying less than the path MTU (pad count 3) is NAKed invalid request",
-        spec: "IBTA Vol.1 9.7.5.1.3 (C9-94: FIRST and MIDDLE carry a full MTU), 9.2",
+        cites: &[cite::LENGTH_VALIDATION, cite::LENGTH_C9_92, cite::BTH],
         run: first_short,
     },
     Scenario {
         id: "hdr.ipv4.bad-checksum-silent-drop",
         title: "A SEND whose IPv4 header checksum is wrong (ICRC right: it masks the checksum) is dropped silently",
-        spec: "IBTA Vol.1 Annex A17.4.2 (IPv4 header), A17.3.3 (the ICRC masks the checksum); RFC 791",
+        cites: &[cite::A17_IPV4, cite::A17_DROP, cite::A17_ICRC],
         run: ipv4_bad_checksum,
     },
     Scenario {
         id: "hdr.udp.other-port-ignored",
         title: "A RoCEv2 packet sent to UDP port 4792 instead of 4791 is not taken for RoCEv2",
-        spec: "IBTA Vol.1 Annex A17.4.3 (UDP destination port 4791)",
+        cites: &[cite::A17_UDP_DPORT, cite::A17_DROP],
         run: udp_other_port,
     },
     Scenario {
         id: "hdr.ip.other-destination-ignored",
         title: "A SEND to another IP address (the device's MAC, the right QPN) is ignored",
-        spec: "IBTA Vol.1 Annex A17.4 (the IP header addresses the GID), 9.6.1.1",
+        cites: &[cite::A17_ADDR, cite::ADDR_VALIDATION],
         run: ip_other_destination,
     },
     Scenario {
         id: "hdr.pkey.limited-member-accepted",
         title: "A SEND with P_Key 0x7fff (limited member of the default partition) is accepted by a full member",
-        spec: "IBTA Vol.1 10.9.3 (P_Key matching: one full member suffices)",
+        cites: &[cite::PKEY_C9_43, cite::PKEY_MATCHING],
         run: pkey_limited_member,
     },
 ];

@@ -1,5 +1,6 @@
 //! Whole messages at the responder: multi-packet SENDs, WRITE lengths, immediates, atomics, READ
 //! response layout, the QP's access flags, and sequence errors after recovery.
+use crate::cite;
 use crate::peer::{describe, Pkt};
 use crate::scenario::{pattern, psn_text, wcs_text, Conn, ConnOpts, Ctx, Outcome, Scenario};
 use rocemu_emulator::rnic::{Access, QpState};
@@ -9,67 +10,67 @@ pub const SCENARIOS: &[Scenario] = &[
     Scenario {
         id: "seq.send.multi-packet-delivered",
         title: "A SEND of 2 MTU + 100 bytes as FIRST, MIDDLE, LAST lands in one receive, in order, ACKed at the LAST",
-        spec: "IBTA Vol.1 9.7.5.1.3 (C9-94), 9.7.5.1.1",
+        cites: &[cite::LENGTH_VALIDATION, cite::LENGTH_C9_92, cite::ACK_GENERATION],
         run: send_multi_packet,
     },
     Scenario {
         id: "seq.write.length-mismatch-nak",
         title: "An RDMA WRITE ONLY carrying 8 bytes with a RETH length of 16 is NAKed invalid request; memory untouched",
-        spec: "IBTA Vol.1 9.7.5.1.3 (C9-95: the payload completes the RETH length)",
+        cites: &[cite::LENGTH_VALIDATION, cite::WRITE_LENGTH],
         run: write_length_mismatch,
     },
     Scenario {
         id: "seq.send.longer-than-receive-nak",
         title: "A 64-byte SEND into a 32-byte receive is NAKed invalid request; the receive completes IBV_WC_LOC_LEN_ERR",
-        spec: "IBTA Vol.1 9.7.5.1.6 (C9-140), 10.10.2.2",
+        cites: &[cite::RECV_TOO_SHORT, cite::LOCAL_LENGTH_ERROR],
         run: send_longer_than_receive,
     },
     Scenario {
         id: "seq.middle.short-nak",
         title: "A SEND MIDDLE of half the path MTU is NAKed invalid request",
-        spec: "IBTA Vol.1 9.7.5.1.3 (C9-94: MIDDLE carries a full MTU)",
+        cites: &[cite::LENGTH_VALIDATION, cite::LENGTH_C9_92],
         run: middle_short,
     },
     Scenario {
         id: "psn.seq-error.nak-rearmed",
         title: "After a sequence error is recovered, a new gap gets a new NAK at the new expected PSN",
-        spec: "IBTA Vol.1 9.7.5.1.2 (C9-112: one NAK per sequence error, re-armed by progress)",
+        cites: &[cite::NAK_ONCE],
         run: nak_rearmed,
     },
     Scenario {
         id: "rdma.write-imm.consumes-receive",
         title: "An RDMA WRITE ONLY with immediate writes memory and completes a receive IBV_WC_RECV_RDMA_WITH_IMM with the immediate",
-        spec: "IBTA Vol.1 9.4.4.1, 9.7.5.1.7 (immediate data), 11.4.2.1",
+        cites: &[cite::WRITE_NO_IMM_C10_87, cite::IMMDT, cite::POLL_CQ, cite::IMM_RECEIVE],
         run: write_imm,
     },
     Scenario {
         id: "rdma.send-imm.delivers-imm",
         title: "A SEND ONLY with immediate completes its receive with the immediate and IBV_WC_WITH_IMM",
-        spec: "IBTA Vol.1 9.3.7 (ImmDt), 11.4.2.1",
+        cites: &[cite::IMMDT, cite::POLL_CQ],
         run: send_imm,
     },
     Scenario {
         id: "rdma.atomic.cmp-swap",
         title: "CMP_SWAP swaps when the compare value matches and not otherwise; both return the original",
-        spec: "IBTA Vol.1 9.4.5 (atomic operations), 9.5.3",
+        cites: &[cite::ATOMIC_ETH, cite::ATOMIC_ACK_ETH, cite::ATOMICS],
         run: cmp_swap,
     },
     Scenario {
         id: "rdma.atomic.qp-without-remote-atomic-nak",
         title: "A FETCH_ADD to a QP whose access flags lack REMOTE_ATOMIC is NAKed; memory untouched",
-        spec: "IBTA Vol.1 9.7.5.1.5, 10.2.3 (QP access flags)",
+        cites: &[cite::RESPONDER_CHECKS, cite::QP_ACCESS],
         run: atomic_no_qp_permission,
     },
     Scenario {
         id: "rdma.read.qp-without-remote-read-nak",
         title: "An RDMA READ to a QP whose access flags lack REMOTE_READ is NAKed; no data returned",
-        spec: "IBTA Vol.1 9.7.5.1.5, 10.2.3 (QP access flags)",
+        cites: &[cite::RESPONDER_CHECKS, cite::QP_ACCESS],
         run: read_no_qp_permission,
     },
     Scenario {
         id: "rdma.read.multi-packet-responses",
         title: "A 2500-byte READ: FIRST (AETH), MIDDLE (none), LAST (AETH) at consecutive PSNs; the next request uses the PSN after",
-        spec: "IBTA Vol.1 9.7.5.1.5 (read responses), 9.3.5 (AETH on FIRST, LAST, ONLY), 9.7.1",
+        cites: &[cite::AETH, cite::READ_RESPONSES, cite::PSN_MODULO],
         run: read_multi_packet,
     },
 ];

@@ -1,6 +1,7 @@
 //! PSN handling (IBTA Vol. 1 9.7.1, 9.7.5.1.1–9.7.5.1.2) and opcode sequencing (9.7.5.1.3) at
 //! the responder; the 2^24 wrap at both ends.
 use crate::agent::{SendOpcode, SendWr, Sge};
+use crate::cite;
 use crate::peer::describe;
 use crate::scenario::{pattern, psn_text, ConnOpts, Ctx, Outcome, Scenario};
 use rocemu_emulator::rnic::QpState;
@@ -10,61 +11,61 @@ pub const SCENARIOS: &[Scenario] = &[
     Scenario {
         id: "psn.seq-error.nak-once",
         title: "Three SENDs past a gap get exactly one NAK PSN sequence error, at the expected PSN; the gap filled, traffic resumes",
-        spec: "IBTA Vol.1 9.7.5.1.2 (C9-112: one NAK per sequence error)",
+        cites: &[cite::NAK_ONCE],
         run: seq_error_nak_once,
     },
     Scenario {
         id: "psn.dup.send-reacked-once-delivered",
         title: "A duplicate SEND is ACKed again but not delivered again (no second receive consumed)",
-        spec: "IBTA Vol.1 9.7.5.1.2 (duplicate requests), 9.7.5.1.1",
+        cites: &[cite::DUP_C9_105, cite::COALESCED_ACK],
         run: dup_send,
     },
     Scenario {
         id: "psn.dup.write-reacked-not-reapplied",
         title: "A duplicate RDMA WRITE is ACKed but not written again over newer data",
-        spec: "IBTA Vol.1 9.7.5.1.2 (duplicate requests)",
+        cites: &[cite::DUP_C9_105],
         run: dup_write,
     },
     Scenario {
         id: "psn.dup.read-reexecuted",
         title: "A duplicate RDMA READ is executed again: a response at its PSN with the memory's current bytes",
-        spec: "IBTA Vol.1 9.7.5.1.2 (duplicate RDMA READ re-executed)",
+        cites: &[cite::DUP_READ],
         run: dup_read,
     },
     Scenario {
         id: "psn.dup.atomic-replayed-not-reapplied",
         title: "A duplicate FETCH_ADD returns the saved original value and is not applied twice",
-        spec: "IBTA Vol.1 9.7.5.1.2, 9.4.5 (atomic responder resources replay)",
+        cites: &[cite::DUP_ATOMIC, cite::ATOMICS],
         run: dup_atomic,
     },
     Scenario {
         id: "psn.wrap.responder",
         title: "The responder follows the PSN across 2^24: 0xfffffe, 0xffffff, 0, 1 each ACKed and delivered",
-        spec: "IBTA Vol.1 9.7.1 (PSN modulo 2^24)",
+        cites: &[cite::BTH, cite::PSN_MODULO],
         run: wrap_responder,
     },
     Scenario {
         id: "psn.wrap.requester",
         title: "A 2-packet WRITE from sq_psn 0xffffff goes out as FIRST 0xffffff, LAST 0x000000; the ACK of 0 completes it",
-        spec: "IBTA Vol.1 9.7.1, 9.7.2 (PSN modulo 2^24)",
+        cites: &[cite::BTH, cite::PSN_MODULO, cite::RESPONSE_PSNS],
         run: wrap_requester,
     },
     Scenario {
         id: "seq.middle-without-first-nak",
         title: "A SEND MIDDLE without a FIRST is NAKed invalid request and the QP goes to ERR",
-        spec: "IBTA Vol.1 9.7.5.1.3 (C9-91: opcode sequence), 9.9.3.1",
+        cites: &[cite::RESPONDER_CHECKS, cite::OPCODE_SEQUENCE, cite::ERROR_CLASSES],
         run: middle_without_first,
     },
     Scenario {
         id: "seq.write-inside-send-nak",
         title: "An RDMA WRITE ONLY between a SEND FIRST and its LAST is NAKed invalid request",
-        spec: "IBTA Vol.1 9.7.5.1.3 (C9-91: opcode sequence)",
+        cites: &[cite::RESPONDER_CHECKS, cite::OPCODE_SEQUENCE],
         run: write_inside_send,
     },
     Scenario {
         id: "seq.write-last-without-first-nak",
         title: "An RDMA WRITE LAST without a FIRST is NAKed invalid request",
-        spec: "IBTA Vol.1 9.7.5.1.3 (C9-91: opcode sequence)",
+        cites: &[cite::RESPONDER_CHECKS, cite::OPCODE_SEQUENCE],
         run: write_last_without_first,
     },
 ];

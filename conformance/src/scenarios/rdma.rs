@@ -2,6 +2,7 @@
 //! of NAKs and read responses (9.7.5.2, 10.10.x completion status), RNR (9.7.5.2.8), ACKs and
 //! the MSN (9.7.5.1.1, 9.7.6), UD's Q_Key (10.2.4).
 use crate::agent::{SendOpcode, SendWr, Sge};
+use crate::cite;
 use crate::peer::{describe, Pkt};
 use crate::scenario::{pattern, psn_text, wcs_text, Conn, ConnOpts, Ctx, Outcome, Scenario};
 use rocemu_emulator::rnic::{Access, QpState, QpType};
@@ -13,85 +14,85 @@ pub const SCENARIOS: &[Scenario] = &[
     Scenario {
         id: "rdma.write.bad-rkey-nak",
         title: "An RDMA WRITE with an R_Key no MR has is NAKed remote access error; memory untouched; QP to ERR",
-        spec: "IBTA Vol.1 9.4.4.3, 9.7.5.1.5 (C9-88), 9.9.3.1",
+        cites: &[cite::RKEY_VALIDATION, cite::REMOTE_ACCESS_NAK, cite::RKEY_CHECKS, cite::ERROR_CLASSES],
         run: write_bad_rkey,
     },
     Scenario {
         id: "rdma.write.out-of-bounds-nak",
         title: "An RDMA WRITE that ends 4 bytes past the MR is NAKed remote access error",
-        spec: "IBTA Vol.1 9.4.4.3, 9.7.5.1.5 (C9-88: bounds)",
+        cites: &[cite::RKEY_VALIDATION, cite::REMOTE_ACCESS_NAK, cite::RKEY_CHECKS],
         run: write_oob,
     },
     Scenario {
         id: "rdma.write.mr-without-remote-write-nak",
         title: "An RDMA WRITE to an MR registered without REMOTE_WRITE is NAKed remote access error",
-        spec: "IBTA Vol.1 9.4.4.3, 10.6.3.1 (MR access rights)",
+        cites: &[cite::RKEY_VALIDATION, cite::REMOTE_ACCESS_NAK, cite::MR_ACCESS],
         run: write_no_mr_permission,
     },
     Scenario {
         id: "rdma.read.bad-rkey-nak",
         title: "An RDMA READ with a wrong R_Key is NAKed remote access error, no data returned",
-        spec: "IBTA Vol.1 9.4.4.3, 9.7.5.1.5 (C9-88)",
+        cites: &[cite::RKEY_VALIDATION, cite::REMOTE_ACCESS_NAK, cite::RKEY_CHECKS],
         run: read_bad_rkey,
     },
     Scenario {
         id: "rdma.read.out-of-bounds-nak",
         title: "An RDMA READ running 8 bytes past the MR is NAKed remote access error",
-        spec: "IBTA Vol.1 9.4.4.3, 9.7.5.1.5 (C9-88: bounds)",
+        cites: &[cite::RKEY_VALIDATION, cite::REMOTE_ACCESS_NAK, cite::RKEY_CHECKS],
         run: read_oob,
     },
     Scenario {
         id: "rdma.write.zero-length-acked",
         title: "A zero-length RDMA WRITE with R_Key 0 and VA 0 is ACKed: nothing to check, nothing written",
-        spec: "IBTA Vol.1 9.4.4.3 (zero-length transfers need no valid R_Key), 9.7.5.1.5",
+        cites: &[cite::ZERO_LENGTH_C9_88],
         run: write_zero_length,
     },
     Scenario {
         id: "rdma.atomic.misaligned-nak",
         title: "A FETCH_ADD at an address that is not 8-byte aligned is NAKed invalid request; memory untouched",
-        spec: "IBTA Vol.1 9.4.5 (C9-68: atomics are 8-byte aligned)",
+        cites: &[cite::ATOMIC_ALIGN, cite::ATOMICS],
         run: atomic_misaligned,
     },
     Scenario {
         id: "rdma.requester.nak-rem-access-completes-error",
         title: "The device's WRITE NAKed remote access error completes IBV_WC_REM_ACCESS_ERR and moves its QP to ERR",
-        spec: "IBTA Vol.1 9.7.5.2.4 (NAK handling), 9.9.3.1, 11.6.2 (completion status)",
+        cites: &[cite::REMOTE_ACCESS_NAK, cite::ERROR_CLASSES, cite::COMPLETION_STATUS],
         run: requester_rem_access,
     },
     Scenario {
         id: "rdma.read.requester-multi-packet",
         title: "The device's 2 KiB READ: one request for 2048 bytes; FIRST and LAST responses land in order and complete it",
-        spec: "IBTA Vol.1 9.7.2 (read responses: one PSN per packet), 9.4.3",
+        cites: &[cite::READ_RETRY, cite::RESPONSE_PSNS],
         run: read_requester,
     },
     Scenario {
         id: "rdma.read.partial-retry",
         title: "A READ response MIDDLE lost: the device asks again from the missing PSN with the VA and length advanced",
-        spec: "IBTA Vol.1 9.7.5.2.1, 9.7.5.2.5 (implied NAK, read retry from the first missing response)",
+        cites: &[cite::READ_RETRY, cite::IMPLIED_NAK, cite::BAD_RESPONSE],
         run: read_partial_retry,
     },
     Scenario {
         id: "rnr.responder.nak-with-min-rnr-timer",
         title: "A SEND with no receive posted gets an RNR NAK carrying the QP's min_rnr_timer (14); posted, the retry is ACKed",
-        spec: "IBTA Vol.1 9.7.5.2.8, table 45 (RNR NAK timer)",
+        cites: &[cite::RNR_TIMER_TABLE, cite::AETH, cite::RNR_NAK],
         run: rnr_responder,
     },
     Scenario {
         id: "rnr.requester.waits-timer",
         title: "RNR-NAKed, the device sends the SEND again no sooner than the timer asks (code 14: 1.28 ms)",
-        spec: "IBTA Vol.1 9.7.5.2.8 (RNR wait), table 45",
+        cites: &[cite::RNR_TIMER_TABLE, cite::RNR_NAK],
         run: rnr_requester,
     },
     Scenario {
         id: "ack.msn.counts-messages",
         title: "Three SENDs, AckReq on the last: the ACK of the last PSN carries MSN 3; no ACK names a later PSN",
-        spec: "IBTA Vol.1 9.7.5.1.1 (ACK coalescing), 9.7.6 (MSN)",
+        cites: &[cite::COALESCED_ACK, cite::MSN_C9_148, cite::MSN_SECTION],
         run: ack_msn,
     },
     Scenario {
         id: "ud.qkey.mismatch-silent-drop",
         title: "A UD SEND with the wrong Q_Key is dropped silently; with the right one it is delivered with its source QP",
-        spec: "IBTA Vol.1 10.2.4 (Q_Key), 9.6.1.1",
+        cites: &[cite::DETH, cite::QKEY, cite::HDR_VALIDATION],
         run: ud_qkey,
     },
 ];

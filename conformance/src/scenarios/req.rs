@@ -2,6 +2,7 @@
 //! ACKs, NAKs, atomic responses and silence (IBTA Vol. 1 9.7.5.2, 9.9.3, 10.2.1 for the QP
 //! attributes that bound retries).
 use crate::agent::{ModifyQp, SendOpcode, SendWr, Sge};
+use crate::cite;
 use crate::peer::{describe, Pkt};
 use crate::scenario::{psn_text, wcs_text, Conn, ConnOpts, Ctx, Outcome, Scenario};
 use rocemu_emulator::rnic::QpState;
@@ -12,37 +13,37 @@ pub const SCENARIOS: &[Scenario] = &[
     Scenario {
         id: "rdma.requester.fetch-add",
         title: "The device's FETCH_ADD carries its AtomicETH; the ATOMIC_ACKNOWLEDGE's original value lands in the local buffer",
-        spec: "IBTA Vol.1 9.4.5, 9.3.4 (AtomicETH), 9.3.6 (AtomicAckETH)",
+        cites: &[cite::ATOMIC_ETH, cite::ATOMIC_ACK_ETH, cite::ATOMICS],
         run: fetch_add,
     },
     Scenario {
         id: "rdma.requester.ack-coalesced",
         title: "Three SENDs acknowledged by one ACK of the last PSN all complete, in order",
-        spec: "IBTA Vol.1 9.7.5.2.2 (an ACK acknowledges every earlier request), 9.7.5.1.1",
+        cites: &[cite::COALESCED_ACK, cite::ACK_COVERS],
         run: ack_coalesced,
     },
     Scenario {
         id: "rdma.requester.seq-nak-go-back",
         title: "A NAK PSN sequence error at the second of three SENDs: the first completes, the device resends from the second",
-        spec: "IBTA Vol.1 9.7.5.2.3 (NAK sequence error: go back to its PSN), 9.7.5.2.2",
+        cites: &[cite::COALESCED_ACK, cite::SEQ_NAK_GO_BACK],
         run: seq_nak_go_back,
     },
     Scenario {
         id: "rnr.requester.retry-exhausted",
         title: "rnr_retry 1: a SEND RNR-NAKed twice goes out twice and completes IBV_WC_RNR_RETRY_EXC_ERR",
-        spec: "IBTA Vol.1 9.7.5.2.8 (RNR retry counter), 10.10.2.2",
+        cites: &[cite::RNR_NAK, cite::LOCAL_LENGTH_ERROR],
         run: rnr_exhausted,
     },
     Scenario {
         id: "ack.timeout.retry-exhausted",
         title: "retry_cnt 1, no answer: a SEND goes out twice (once more after the local ACK timeout) and completes IBV_WC_RETRY_EXC_ERR",
-        spec: "IBTA Vol.1 9.7.6.1.1 (local ACK timeout), 9.7.6.1.3 (retry counter), 10.10.2.2",
+        cites: &[cite::LOCAL_ACK_TIMEOUT, cite::RETRY_COUNTER, cite::LOCAL_LENGTH_ERROR],
         run: timeout_exhausted,
     },
     Scenario {
         id: "verbs.modify.rtr-needs-attributes",
         title: "modify_qp INIT → RTR without the path attributes (AV, path MTU, destination QPN, rq_psn) is refused",
-        spec: "IBTA Vol.1 11.2.4.2 (required attributes per transition), 10.3.1",
+        cites: &[cite::MODIFY_QP, cite::QP_STATES],
         run: rtr_needs_attributes,
     },
 ];

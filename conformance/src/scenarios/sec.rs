@@ -9,6 +9,7 @@
 //! expects first, which is the PSN an injected packet must carry. `sec.psn.unpredictable`
 //! therefore connects through the device's CM (the agent's `cm_listen`) as an rdma_cm client.
 use crate::agent::QpInit;
+use crate::cite;
 use crate::cm_peer::{self, Accepted, Offer, Patience};
 use crate::peer::{describe, Craft};
 use crate::scenario::{pattern, psn_text, ConnOpts, Ctx, Outcome, Scenario};
@@ -23,55 +24,55 @@ pub const SCENARIOS: &[Scenario] = &[
     Scenario {
         id: "sec.rkey.unpredictable",
         title: "32 R_Keys in a row: none guessable within ±2^16 of the previous key plus the usual step",
-        spec: "ReDMArk (predictable memory keys); IBTA Vol.1 10.6.3.3 (R_Key)",
+        cites: &[cite::REDMARK_KEYS, cite::RKEY_VALUE],
         run: rkey_unpredictable,
     },
     Scenario {
         id: "sec.qpn.unpredictable",
         title: "32 QPNs in a row: none guessable within ±2^10 of the previous QPN plus the usual step",
-        spec: "ReDMArk (predictable QP numbers); IBTA Vol.1 10.2.1",
+        cites: &[cite::REDMARK_INJECT, cite::QPN_VALUE],
         run: qpn_unpredictable,
     },
     Scenario {
         id: "sec.psn.unpredictable",
         title: "32 rdma_cm connections to the device: no REP's starting PSN guessable within ±2^10 of the previous plus the usual step",
-        spec: "ReDMArk (predictable PSNs, packet injection); IBTA Vol.1 12.6.8 (REP: Starting PSN), 9.7.1 (24-bit PSNs)",
+        cites: &[cite::REDMARK_INJECT, cite::REP_PSN, cite::BTH],
         run: psn_unpredictable,
     },
     Scenario {
         id: "sec.inject.future-psn-not-applied",
         title: "A WRITE with a valid R_Key but a guessed PSN 2^18 ahead writes nothing (at most one sequence NAK)",
-        spec: "ReDMArk (packet injection); IBTA Vol.1 9.7.5.1.2",
+        cites: &[cite::REDMARK_INJECT, cite::NAK_ONCE],
         run: inject_future_psn,
     },
     Scenario {
         id: "sec.inject.past-psn-not-applied",
         title: "A WRITE with a valid R_Key but a PSN 2^18 behind (an old duplicate) writes nothing",
-        spec: "ReDMArk (packet injection); IBTA Vol.1 9.7.5.1.2 (duplicates are not executed again)",
+        cites: &[cite::REDMARK_INJECT, cite::DUP_C9_105],
         run: inject_past_psn,
     },
     Scenario {
         id: "sec.inject.foreign-source-dropped",
         title: "A WRITE with the right QPN, PSN and R_Key from another source address is dropped",
-        spec: "ReDMArk (spoofed source); IBTA Vol.1 9.6.1.1 (connected QPs accept their path only), Annex A17.4",
+        cites: &[cite::REDMARK_INJECT, cite::A17_ADDR, cite::ADDR_VALIDATION],
         run: inject_foreign_source,
     },
     Scenario {
         id: "sec.access.qp-without-remote-write-nak",
         title: "A WRITE to a QP whose access flags lack REMOTE_WRITE is NAKed, whatever the MR allows; memory untouched",
-        spec: "ReDMArk (access without permission); IBTA Vol.1 9.7.5.1.5, 10.2.3 (QP access flags)",
+        cites: &[cite::REDMARK_ACCESS, cite::RESPONDER_CHECKS, cite::QP_ACCESS],
         run: qp_without_remote_write,
     },
     Scenario {
         id: "sec.access.other-pd-nak",
         title: "A WRITE with the R_Key of an MR in another protection domain is NAKed remote access error",
-        spec: "ReDMArk (access without permission); IBTA Vol.1 9.4.4.3 (C9-88: PD check), 10.2.3",
+        cites: &[cite::REDMARK_ACCESS, cite::RKEY_VALIDATION, cite::REMOTE_ACCESS_NAK],
         run: other_pd,
     },
     Scenario {
         id: "sec.access.deregistered-rkey-nak",
         title: "A WRITE with the R_Key of a deregistered MR is NAKed remote access error",
-        spec: "ReDMArk (stale keys); IBTA Vol.1 9.4.4.3, 11.2.8.3 (deregistration)",
+        cites: &[cite::REDMARK_ACCESS, cite::RKEY_VALIDATION, cite::DEREGISTER],
         run: deregistered_rkey,
     },
 ];

@@ -1,6 +1,7 @@
 //! Work requests against the QP state machine (IBTA Vol. 1 10.3.1, 11.4.1) and error recovery
 //! (10.3.1: ERR flushes, RESET starts over).
 use crate::agent::{ModifyQp, SendOpcode, SendWr, Sge};
+use crate::cite;
 use crate::peer::describe;
 use crate::scenario::{pattern, wcs_text, ConnOpts, Ctx, Outcome, Scenario};
 use rocemu_emulator::rnic::QpState;
@@ -10,31 +11,31 @@ pub const SCENARIOS: &[Scenario] = &[
     Scenario {
         id: "verbs.post-send.before-rts-rejected",
         title: "post_send on a QP in RESET, INIT or RTR is refused at once, and nothing goes on the wire",
-        spec: "IBTA Vol.1 11.4.1.1 (Post Send Request: QP state), 10.3.1",
+        cites: &[cite::POST_SEND, cite::QP_STATES],
         run: post_send_before_rts,
     },
     Scenario {
         id: "verbs.post-recv.reset-rejected",
         title: "post_recv on a QP in RESET is refused; in INIT it is accepted",
-        spec: "IBTA Vol.1 11.4.1.2 (Post Receive Request: QP state)",
+        cites: &[cite::POST_RECV],
         run: post_recv_reset,
     },
     Scenario {
         id: "verbs.modify.reset-to-rts-rejected",
         title: "modify_qp from RESET straight to RTS is refused and the QP stays in RESET",
-        spec: "IBTA Vol.1 10.3.1 (QP state transitions), 11.2.4.2",
+        cites: &[cite::MODIFY_QP, cite::QP_STATES],
         run: reset_to_rts,
     },
     Scenario {
         id: "qp.err.flushes-work",
         title: "A QP moved to ERR flushes its posted receives, and a send posted in ERR, with IBV_WC_WR_FLUSH_ERR",
-        spec: "IBTA Vol.1 10.3.1 (Error state), 11.4.1.1, 11.6.2",
+        cites: &[cite::QP_STATES, cite::POST_SEND, cite::COMPLETION_STATUS],
         run: err_flushes,
     },
     Scenario {
         id: "qp.err.reset-and-reconnect",
         title: "After a fatal NAK put the QP in ERR, RESET → INIT → RTR → RTS with new PSNs carries traffic again",
-        spec: "IBTA Vol.1 10.3.1 (any state to RESET), 9.9.3.1",
+        cites: &[cite::MODIFY_QP, cite::QP_STATES, cite::ERROR_CLASSES],
         run: reset_and_reconnect,
     },
 ];
