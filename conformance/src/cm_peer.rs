@@ -1,7 +1,7 @@
-//! The peer as an rdma_cm client: the active side of the IB CM (IBTA Vol. 1 12.6: REQ, REP,
-//! RTU, DREQ, DREP) crafted message by message with `rocemu-wire` and sent from the peer's own
-//! address to the device's QP1, the way librdmacm's `rdma_connect` and `rdma_disconnect` on
-//! Linux fill them (`wire/tests/data/cm/`, `rocemu_emulator::cm::CmAgent::connect`).
+//! The peer as an rdma_cm client: the active side of the IB CM (IBTA Vol. 1 12.6, unverified: REQ,
+//! REP, RTU, DREQ, DREP) crafted message by message with `rocemu-wire` and sent from the peer's own
+//! address to the device's QP1, the way librdmacm's `rdma_connect` and `rdma_disconnect` on Linux
+//! fill them (`wire/tests/data/cm/`, `rocemu_emulator::cm::CmAgent::connect`).
 //!
 //! The device answers on the wire; nothing here asks its agent. Waiting is bounded: each
 //! message is sent again after [`Patience::wait`] without an answer, at most
@@ -192,9 +192,9 @@ pub fn rtu(peer: &mut Peer, a: &Accepted) -> Result<(), String> {
     send(peer, &CmMadRepr::new(a.offer.tid, CmMessage::Rtu(rtu)))
 }
 
-/// `rdma_disconnect`: a DREQ (transaction `tid`), and waits for the device's DREP. A DREQ from
-/// the device crossing ours ends the connection too (IBTA 12.9.6: both answer with a DREP); a
-/// repeated REP (our RTU was lost) gets the RTU again.
+/// `rdma_disconnect`: a DREQ (transaction `tid`), and waits for the device's DREP. A DREQ from the
+/// device crossing ours ends the connection too (IBTA 12.9.6, unverified: both answer with a DREP);
+/// a repeated REP (our RTU was lost) gets the RTU again.
 pub fn disconnect(
     peer: &mut Peer,
     a: &Accepted,

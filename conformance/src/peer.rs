@@ -26,7 +26,8 @@ use std::net::IpAddr;
 use std::path::Path;
 use std::time::Duration;
 
-/// The UDP source port of the peer's frames (any port fixed per flow will do: Annex A17.5.1.1).
+/// The UDP source port of the peer's frames (any port fixed per flow will do: Annex A17.3.2.1,
+/// A17.9.4).
 const PEER_SPORT: u16 = 0xc0de;
 
 /// A frame to send, as values; [`Craft::build`] turns it into bytes.
@@ -84,7 +85,7 @@ impl Craft {
         });
         self
     }
-    /// The BTH transport header version (IBTA 9.2: must be 0).
+    /// The BTH transport header version (IBTA 9.2; 0, 9.6.1.1 unverified).
     pub fn tver(mut self, v: u8) -> Craft {
         self.repr.bth.tver = v;
         self
@@ -275,7 +276,7 @@ impl Peer {
     }
 
     /// A management datagram for the device's QP1, from the peer's QP1 (a UD SEND_ONLY with the
-    /// GSI Q_Key, IBTA 13.5.3.3).
+    /// GSI Q_Key, IBTA 13.5.3.3, unverified).
     pub fn craft_mad(&self, mad: &[u8; MAD_LEN]) -> Craft {
         self.craft(Opcode::UD_SEND_ONLY, Qpn::GSI, Psn::new(0))
             .deth(QKey::GSI, Qpn::GSI)

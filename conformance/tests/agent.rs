@@ -117,7 +117,7 @@ fn hand_written_lines_get_one_response_each() {
         &json!({"id":15,"op":"query_qp","qpn":qpn}).to_string(),
     );
     assert_eq!(v["qp_state"], "init", "{v}");
-    // Posting a send in INIT is an immediate error (IBTA 11.4.1.1).
+    // Posting a send in INIT is an immediate error (IBTA 11.4.1.1, unverified).
     let v = ask(&mut w, &mut r, &json!({"id":16,"op":"post_send","qpn":qpn,"opcode":"send","sg":[{"addr":mr["addr"],"length":8,"lkey":lkey}]}).to_string());
     assert_eq!(v["ok"], false, "{v}");
     let v = ask(&mut w, &mut r, &json!({"id":17,"op":"post_recv","qpn":qpn,"wr_id":5,"sg":[{"addr":mr["addr"],"length":8,"lkey":lkey}]}).to_string());

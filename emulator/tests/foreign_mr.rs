@@ -174,7 +174,7 @@ fn write_read_send_and_atomics_move_the_test_s_own_bytes() {
 fn an_iova_other_than_the_pointer_is_the_region_s_address_space() {
     // ibv_reg_mr_iova2: RETH addresses are in the iova's space, bytes land at pointer + offset.
     // The second region starts 4 bytes into the buffer at an 8-aligned iova: its atomics are
-    // aligned for the wire (IBTA 9.4.5) but not in memory, and still compute right.
+    // aligned for the wire (IBTA 9.4.5, unverified) but not in memory, and still compute right.
     let mb = Mem::new(8192);
     let ma = Mem::new(4096);
     let mut t = Bed::rc();

@@ -1,4 +1,5 @@
-//! QP1, the general services interface (IBTA 13.5.1): where the IB CM's MADs arrive for rdma_cm.
+//! QP1, the general services interface (IBTA 13.5.1, unverified): where the IB CM's MADs arrive for
+//! rdma_cm.
 use rocemu_emulator::inproc::{Impairments, Pair, Side, IP_B, MAC_B};
 use rocemu_emulator::rnic::mr::MrInfo;
 use rocemu_emulator::rnic::*;

@@ -1,6 +1,6 @@
-//! PSNs wrap at 2^24 (IBTA 9.7.1: PSNs are 24-bit, compared modulo 2^24): multi-packet
-//! messages, READs (which take one PSN per response), go-back-N, duplicates and ACKs across the
-//! wrap, on RC and UC.
+//! PSNs wrap at 2^24 (IBTA 9.2: PSNs are 24-bit; compared modulo 2^24, 9.7.1 unverified):
+//! multi-packet messages, READs (which take one PSN per response), go-back-N, duplicates and ACKs
+//! across the wrap, on RC and UC.
 mod common;
 use common::*;
 use rocemu_emulator::inproc::Side::{A, B};

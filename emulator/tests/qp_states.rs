@@ -1,6 +1,6 @@
-//! The QP state machine through the Rnic API (IBTA 10.3.1; the table itself is unit-tested in
-//! rnic/state.rs): what may be posted in which state, ERR flushes, RESET clears, invalid
-//! transitions and masks are refused and leave the QP as it was, SQD drains, SQE on UD/UC.
+//! The QP state machine through the Rnic API (IBTA 10.3.1, unverified; the table itself is
+//! unit-tested in rnic/state.rs): what may be posted in which state, ERR flushes, RESET clears,
+//! invalid transitions and masks are refused and leave the QP as it was, SQD drains, SQE on UD/UC.
 mod common;
 use common::*;
 use rocemu_emulator::connect::{bring_up, ConnectOpts};
@@ -79,7 +79,7 @@ fn post_send_needs_rts_post_recv_needs_init() {
     let mut t = Bed::rc();
     let r = &mut t.p.a;
     let (qp, cq, _) = fresh_qp(r, QpType::Rc);
-    // RESET: neither (IBTA 10.3.1: work requests may not be posted in RESET).
+    // RESET: neither (IBTA 10.3.1, unverified: work requests may not be posted in RESET).
     assert!(matches!(
         r.post_send(qp, send(1)),
         Err(VerbsError::Invalid(_))
@@ -147,8 +147,8 @@ fn modify_to_err_flushes_sq_and_rq_signaled_or_not() {
             QpAttrMask::STATE,
         )
         .unwrap();
-    // IBTA 10.3.1.5 / 11.4.2.2: every outstanding WR completes with WR_FLUSH_ERR, unsignaled
-    // ones included, sends in order, receives in order.
+    // IBTA 10.3.1.5 / 11.4.2.2 (unverified): every outstanding WR completes with WR_FLUSH_ERR,
+    // unsignaled ones included, sends in order, receives in order.
     let w = t.wcs(A);
     assert_eq!(
         st(&w),
@@ -320,7 +320,7 @@ fn reset_clears_the_qp_and_it_can_be_connected_again() {
         (q.sq_psn, q.rq_psn, q.dest_qp_num),
         (Psn::new(0), Psn::new(0), Qpn::new(0))
     );
-    // IBTA 10.3.1.1: RESET removes the queued WRs without completions.
+    // IBTA 10.3.1.1 (unverified): RESET removes the queued WRs without completions.
     assert!(t.wcs(A).is_empty());
     // Connected again with other PSNs, it works, and the old receive is gone (RNR proves it).
     let o = ConnectOpts {
@@ -347,7 +347,8 @@ fn reset_clears_the_qp_and_it_can_be_connected_again() {
 
 #[test]
 fn rtr_responds_but_does_not_send() {
-    // A QP in RTR receives and acknowledges (IBTA 10.3.1.3) but its send queue is closed.
+    // A QP in RTR receives and acknowledges (IBTA 10.3.1.3, unverified) but its send queue is
+    // closed.
     let mut p = rocemu_emulator::inproc::Pair::new(3, rocemu_emulator::inproc::Impairments::none());
     let cfg = BedCfg::new(QpType::Rc);
     let a = end(&mut p.a, QpType::Rc, false, cfg.cap);
@@ -394,7 +395,7 @@ fn sqd_drains_and_resumes() {
         )
         .unwrap();
     assert_eq!(t.state(A), QpState::Sqd);
-    // Posting in SQD is allowed; nothing new starts until RTS again (IBTA 10.3.1.4).
+    // Posting in SQD is allowed; nothing new starts until RTS again (IBTA 10.3.1.4, unverified).
     t.post_send(A, wr(1, WrOpcode::Send, vec![t.sge(A, 0, 8)]));
     t.flush_now();
     assert!(t.pkts(Dir::AB).is_empty());
@@ -413,8 +414,8 @@ fn sqd_drains_and_resumes() {
 
 #[test]
 fn ud_send_error_enters_sqe_and_rts_recovers() {
-    // UD: a local error moves the QP to SQE, not ERR (IBTA 10.3.1.6); receives go on; SQE → RTS
-    // resumes sending.
+    // UD: a local error moves the QP to SQE, not ERR (IBTA 10.3.1.6, unverified); receives go on;
+    // SQE → RTS resumes sending.
     let mut t = BedCfg::new(QpType::Ud).build();
     let dest = UdDest {
         ah: AhAttr::to(IP_B, rocemu_emulator::inproc::MAC_B),

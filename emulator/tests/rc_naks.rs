@@ -1,7 +1,7 @@
-//! RC responder NAKs (IBTA 9.7.5.1, 9.9.3), asserting the exact NAK on the wire (PSN, syndrome,
-//! MSN), the requester's completion for it, the WR_FLUSH_ERR of everything else outstanding,
-//! and both QPs' states afterwards: PSN sequence errors (class B: NAK once, go-back-N, no state
-//! change), invalid request, remote access and remote operational errors (class C/D: the
+//! RC responder NAKs (IBTA 9.7.4.1 in 1.5; 9.9.3 unverified), asserting the exact NAK on the wire
+//! (PSN, syndrome, MSN), the requester's completion for it, the WR_FLUSH_ERR of everything else
+//! outstanding, and both QPs' states afterwards: PSN sequence errors (class B: NAK once, go-back-N,
+//! no state change), invalid request, remote access and remote operational errors (class C/D: the
 //! responder QP goes to ERR as in rxe, the requester completes in error and goes to ERR).
 mod common;
 use common::*;
@@ -62,8 +62,8 @@ fn assert_fatal(t: &mut Bed, wa: &[Wc], wb: &[Wc], syn: u8, status: WcStatus, na
 #[test]
 fn psn_sequence_error_nak_once_then_go_back_n() {
     // Five SEND packets; the first is lost. The responder sees four out-of-order packets and
-    // NAKs once (IBTA 9.7.5.1.2, C9-112 ... "only one NAK per sequence error"), the requester goes
-    // back to the NAKed PSN (9.7.5.2.4) and the message arrives once.
+    // NAKs once (C9-112, unverified: "only one NAK per sequence error"), the requester goes
+    // back to the NAKed PSN (9.7.5.2.3, unverified) and the message arrives once.
     let mut t = bed256();
     let data = pattern(1280, 9);
     t.fill(A, 0, &data);
@@ -158,8 +158,8 @@ fn psn_sequence_error_mid_message_resumes_at_the_gap() {
 
 #[test]
 fn invalid_request_middle_without_first() {
-    // IBTA 9.7.5.1.3 (C9-91): a SEND MIDDLE with no SEND FIRST before it is an invalid request.
-    // The filter turns the FIRST of a two-packet SEND into a MIDDLE.
+    // IBTA 9.7.4.1 in 1.5 (C9-91, unverified): a SEND MIDDLE with no SEND FIRST before it is an
+    // invalid request. The filter turns the FIRST of a two-packet SEND into a MIDDLE.
     let mut t = bed256();
     t.filter = Box::new(|p| {
         if p.dir == Dir::AB && p.op == O::RC_SEND_FIRST {
@@ -174,7 +174,7 @@ fn invalid_request_middle_without_first() {
 
 #[test]
 fn invalid_request_write_last_in_the_middle_of_a_send() {
-    // SEND FIRST then an RDMA WRITE LAST: an opcode out of sequence (C9-91).
+    // SEND FIRST then an RDMA WRITE LAST: an opcode out of sequence (C9-91, unverified).
     let mut t = bed256();
     t.filter = Box::new(|p| {
         if p.dir == Dir::AB && p.op == O::RC_SEND_LAST {
@@ -192,7 +192,7 @@ fn invalid_request_write_last_in_the_middle_of_a_send() {
         st(&wa),
         vec![(1, WcStatus::RemInvReqErr), (2, WcStatus::WrFlushErr)]
     );
-    // The receive the SEND had started is completed in error (IBTA 9.9.3.1.2, class C).
+    // The receive the SEND had started is completed in error (IBTA 9.9.3.1.2, unverified, class C).
     assert_eq!(st(&wb), vec![(100, WcStatus::RemInvReqErr)]);
     assert_eq!((t.state(A), t.state(B)), (QpState::Err, QpState::Err));
 }
@@ -200,7 +200,7 @@ fn invalid_request_write_last_in_the_middle_of_a_send() {
 #[test]
 fn invalid_request_read_without_remote_read_access() {
     // The responder QP was not enabled for RDMA READ (qp_access_flags): invalid request
-    // (IBTA 9.7.5.1.3 / rxe check_op_valid).
+    // (IBTA 9.7.4.1 in 1.5 / rxe check_op_valid).
     let mut c = BedCfg::new(QpType::Rc);
     c.b.access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
     let mut t = c.build();
@@ -257,7 +257,7 @@ fn invalid_request_write_and_atomic_without_qp_access() {
 
 #[test]
 fn invalid_request_misaligned_atomic() {
-    // IBTA 9.4.5 (C9-68... atomics need an 8-byte aligned VA): invalid request NAK.
+    // IBTA 9.4.5 (C9-68, unverified: atomics need an 8-byte aligned VA): invalid request NAK.
     let mut t = Bed::rc();
     let (ra, rk) = t.raddr(B, 0x104);
     let (wa, wb) = fail_first(
@@ -277,7 +277,7 @@ fn invalid_request_misaligned_atomic() {
 #[test]
 fn invalid_request_receive_buffer_too_small() {
     // A SEND longer than the receive WQE: invalid request NAK, the receive completes with a
-    // local length error (IBTA 9.7.5.1.6 / C9-140... rxe: LOC_LEN_ERR).
+    // local length error (IBTA 9.7.5.1.6, unverified; rxe: LOC_LEN_ERR).
     let mut t = bed256();
     t.post_recv(B, 100, 0x8000, 200);
     t.post_recv(B, 101, 0x9000, 4096);
@@ -332,7 +332,7 @@ fn too_many_reads_bed() -> Bed {
 #[test]
 fn invalid_request_too_many_reads_for_the_responder() {
     // A may have 4 reads outstanding, B accepts 1 (max_dest_rd_atomic): the second READ, which
-    // arrives while the first is still owed, is an invalid request (C9-150... rxe
+    // arrives while the first is still owed, is an invalid request (C9-150, unverified; rxe
     // RESPST_ERR_TOO_MANY_RDMA_ATM_REQ). The first READ was accepted (MSN 1): its response
     // goes out before the NAK, as from rxe, which executes requests one at a time.
     let mut t = too_many_reads_bed();
@@ -365,8 +365,8 @@ fn invalid_request_too_many_reads_for_the_responder() {
 #[test]
 fn a_nak_after_a_read_does_not_complete_the_read_without_its_data() {
     // The READ's response is lost and the NAK for the request after it arrives: the NAK
-    // acknowledges the READ's request, not its data (IBTA 9.7.5.2.2: only a response completes
-    // a READ). The READ must not complete successfully with its buffer never written.
+    // acknowledges the READ's request, not its data (IBTA 9.7.5.2.2, unverified: only a response
+    // completes a READ). The READ must not complete successfully with its buffer never written.
     let mut t = too_many_reads_bed();
     t.filter = Box::new(|p| {
         if p.op == O::RC_RDMA_READ_RESPONSE_ONLY {
@@ -396,7 +396,7 @@ fn access_case(t: &mut Bed, op: WrOpcode) {
 
 #[test]
 fn remote_access_error_bad_rkey_bounds_permission_pd() {
-    // IBTA 9.4.4.3 (C9-88) / 9.7.5.1.3: R_Key, PD, permission and bounds. Each on WRITE, READ and
+    // IBTA 9.7.4.1.5 in 1.5: R_Key, PD, permission and bounds. Each on WRITE, READ and
     // ATOMIC; each makes the responder QP ERR (class C, as rxe does for RC).
     type Mk = fn(&mut Bed) -> (u64, u32);
     let cases: [(&str, Mk); 6] = [
@@ -523,7 +523,7 @@ fn remote_access_error_multi_packet_write_checks_the_whole_length_at_first() {
 #[test]
 fn remote_access_error_after_good_messages_carries_their_msn() {
     // Two good SENDs, then a WRITE with a bad R_Key: the NAK's MSN counts the two messages, the
-    // two SENDs complete successfully (the NAK acknowledges what is before it, 9.7.5.2.2).
+    // two SENDs complete successfully (the NAK acknowledges what is before it, 9.7.5.1.2).
     let mut t = Bed::rc();
     t.post_recv(B, 100, 0, 64);
     t.post_recv(B, 101, 64, 64);
@@ -568,8 +568,8 @@ fn remote_access_error_after_good_messages_carries_their_msn() {
 
 #[test]
 fn remote_operational_error_bad_receive_buffer() {
-    // The receive WQE names an L_Key that does not exist: the responder cannot place the data
-    // (IBTA 9.7.5.1.7 / table 46: remote operational error), the receive completes in error.
+    // The receive WQE names an L_Key that does not exist: the responder cannot place the data (IBTA
+    // 9.7.5.1.7 / table 46, unverified: remote operational error), the receive completes in error.
     let mut t = Bed::rc();
     let mut bad = t.sge(B, 0, 64);
     bad.lkey ^= 0x0101_0101;
@@ -592,8 +592,9 @@ fn remote_operational_error_bad_receive_buffer() {
 
 #[test]
 fn sges_whose_address_wraps_are_protection_errors_not_a_crash() {
-    // An SGE whose address plus length wraps the 64-bit space lies outside every region: a
-    // local protection error (IBTA 10.6.3, 11.4.2.1), never an index past the region's bytes.
+    // An SGE whose address plus length wraps the 64-bit space lies outside every region: a local
+    // protection error (IBTA 10.6.3, unverified; 11.4.2.1 Poll for Completion), never an index past
+    // the region's bytes.
     let mut t = Bed::rc();
     let mut bad = t.sge(A, 0, 64);
     bad.addr = u64::MAX - 7;
@@ -614,7 +615,7 @@ fn sges_whose_address_wraps_are_protection_errors_not_a_crash() {
 
 #[test]
 fn send_with_invalidate_of_a_foreign_rkey_is_an_invalid_request() {
-    // IBTA 10.6.6.2 (o10-...): an R_Key that is not this PD's cannot be invalidated.
+    // IBTA 10.6.6.2 (unverified): an R_Key that is not this PD's cannot be invalidated.
     let mut t = Bed::rc();
     let pd = t.p.b.alloc_pd();
     let other = t.p.b.reg_mr(pd, 4096, Access::ALL).unwrap();
@@ -642,8 +643,8 @@ fn send_with_invalidate_of_a_foreign_rkey_is_an_invalid_request() {
 
 #[test]
 fn handmade_nak_codes_map_to_completion_statuses() {
-    // The requester side of table 44: a NAK crafted on the wire for an outstanding WRITE maps
-    // to RemInvReqErr / RemAccessErr / RemOpErr (IBTA 9.7.5.2.5 ... 10.10.3 table).
+    // The requester side of table 44 (unverified): a NAK crafted on the wire for an outstanding
+    // WRITE maps to RemInvReqErr / RemAccessErr / RemOpErr (IBTA 9.7.5.2.5, 10.10.3, unverified).
     for (code, status) in [
         (1u8, WcStatus::RemInvReqErr),
         (2, WcStatus::RemAccessErr),
@@ -701,20 +702,21 @@ fn handmade_nak_codes_map_to_completion_statuses() {
 
 #[test]
 fn handmade_write_middle_at_expected_psn_is_nakked() {
-    // A hostile frame: RDMA WRITE MIDDLE at B's expected PSN, no message open (C9-91).
+    // A hostile frame: RDMA WRITE MIDDLE at B's expected PSN, no message open (C9-91, unverified).
     let mut t = Bed::rc();
     t.post_recv(B, 100, 0, 64);
     let bth = BthRepr::new(O::RC_RDMA_WRITE_MIDDLE, t.qpn(B), Psn::new(PSN_A));
     let f = craft(A, bth, ExtHeaders::default(), &[0u8; 1024]);
     t.inject(B, &f);
     t.flush_now();
-    // A ignores a NAK for a PSN it never sent (C9-117 ... it is not outstanding).
+    // A ignores a NAK for a PSN it never sent (C9-117, unverified: it is not outstanding).
     assert_eq!(t.acks(Dir::BA), vec![(PSN_A, NAK_INV, 0)]);
     assert_eq!(t.state(B), QpState::Err);
     assert_eq!(st(&t.wcs(B)), vec![(100, WcStatus::WrFlushErr)]);
     assert_eq!(t.state(A), QpState::Rts);
     assert!(t.wcs(A).is_empty());
-    // A WRITE ONLY whose RETH length disagrees with its payload: invalid request (C9-95).
+    // A WRITE ONLY whose RETH length disagrees with its payload: invalid request (C9-95,
+    // unverified; 9.7.4.1.6 in 1.5).
     let mut t = Bed::rc();
     let (ra, rk) = t.raddr(B, 0);
     let mut bth = BthRepr::new(O::RC_RDMA_WRITE_ONLY, t.qpn(B), Psn::new(PSN_A));

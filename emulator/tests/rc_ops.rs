@@ -30,7 +30,8 @@ fn bed_mtu(mtu: Mtu) -> Bed {
     BedCfg::new(QpType::Rc).both(|o| o.mtu = mtu).build()
 }
 
-/// The opcodes of a message of `n` packets (IBTA 9.4: table 35 FIRST / MIDDLE / LAST / ONLY).
+/// The opcodes of a message of `n` packets (IBTA 9.4, table 35, unverified: FIRST / MIDDLE / LAST /
+/// ONLY).
 fn seq(n: usize, first: O, middle: O, last: O, only: O) -> Vec<O> {
     if n == 1 {
         return vec![only];
@@ -113,7 +114,8 @@ fn send_every_mtu_and_boundary_size() {
                 assert_eq!(p.dqpn, t.qpn(B));
                 assert!(p.reth.is_none() && p.imm.is_none() && p.ieth.is_none());
             }
-            // One ACK for the message: its last PSN, MSN = messages so far (IBTA 9.7.5.1.5).
+            // One ACK for the message: its last PSN, MSN = messages so far (C9-148 as rxe numbers
+            // it).
             let last = psn(next).add(n as u32 - 1).value();
             assert_eq!(
                 t.acks(Dir::BA),
@@ -227,7 +229,7 @@ fn read_every_mtu_and_boundary_size() {
             assert_eq!(t.bytes(A, 0x8000, len), data, "mtu {m} len {len}");
             assert_eq!(t.bytes(A, 0x8000 + len, 1), [0xee]);
             let n = npkts(len, m);
-            // One request; it takes one PSN per response packet (IBTA 9.7.1).
+            // One request; it takes one PSN per response packet (IBTA 9.7.1, unverified).
             let reqs = t.pkts(Dir::AB);
             assert_eq!(reqs.len(), 1);
             assert_eq!((reqs[0].op, reqs[0].psn), (O::RC_RDMA_READ_REQUEST, next));
@@ -255,7 +257,7 @@ fn read_every_mtu_and_boundary_size() {
             for (k, (p, l)) in resp.iter().zip(seg_lens(len, m)).enumerate() {
                 assert_eq!(p.payload.len(), l);
                 assert_eq!(p.pad, pad_for(l));
-                // AETH on FIRST, LAST and ONLY, not on MIDDLE (IBTA table 35).
+                // AETH on FIRST, LAST and ONLY, not on MIDDLE (IBTA table 35, unverified).
                 let has_aeth = k == 0 || k + 1 == n;
                 assert_eq!(p.aeth.is_some(), has_aeth, "mtu {m} len {len} pkt {k}");
                 if has_aeth {
@@ -269,7 +271,7 @@ fn read_every_mtu_and_boundary_size() {
 
 #[test]
 fn zero_length_rdma_checks_no_rkey() {
-    // IBTA 9.4.4.3 / C9-88: the R_Key of a zero-length RDMA is not validated.
+    // C9-88 (9.7.4.1.5 in 1.5): the R_Key of a zero-length RDMA is not validated.
     let mut t = Bed::rc();
     let wr_w = wr(
         1,
@@ -764,7 +766,7 @@ fn unsignaled_wrs_complete_silently() {
         st(&wb),
         vec![(1, WcStatus::Success), (2, WcStatus::Success)]
     );
-    // With sq_sig_all every WR has one, whatever its flags (IBTA 11.2.4.1).
+    // With sq_sig_all every WR has one, whatever its flags (IBTA 11.2.4.1, unverified).
     let mut c = BedCfg::new(QpType::Rc);
     c.sq_sig_all = true;
     let mut t = c.build();
@@ -813,7 +815,7 @@ fn solicited_event_on_the_last_packet_only() {
 #[test]
 fn ack_coalescing_latest_psn_and_msn() {
     // Four SENDs, each with AckReq, in one burst: the responder answers once for all four, with
-    // the latest PSN and the MSN of the fourth message (IBTA 9.7.5.1.1 allows coalescing).
+    // the latest PSN and the MSN of the fourth message (IBTA 9.7.5.1.2 allows coalescing).
     let mut t = Bed::rc();
     for i in 0..4 {
         t.post_recv(B, i, 0, 64);

@@ -1,7 +1,7 @@
-//! RC retries in virtual time: RNR NAKs and the RNR timer (IBTA 9.7.5.2.8, table 45), the local
-//! ACK timeout and retry_cnt (9.7.6.1.3), duplicates at the responder (9.7.5.1.2: SEND/WRITE
+//! RC retries in virtual time: RNR NAKs and the RNR timer (IBTA 9.7.5.2.8 unverified, Table 45),
+//! the local ACK timeout (9.7.6.1.3) and retry_cnt, duplicates at the responder (C9-105: SEND/WRITE
 //! re-ACKed, READ re-executed, atomics replayed), a READ resumed mid-message, max_rd_atomic and
-//! fences (10.8.3.3).
+//! fences (10.8.3.3, unverified).
 mod common;
 use common::*;
 use rocemu_emulator::inproc::Side::{A, B};
@@ -91,8 +91,9 @@ fn rnr_timer_codes_follow_table_45() {
 
 #[test]
 fn rnr_retry_exhausted() {
-    // rnr_retry = 2: the first try and two retries are RNR-NAKed; the third NAK fails the WR
-    // with RNR_RETRY_EXC_ERR (IBTA 9.7.5.2.8, C9-143... 10.8.3) and A goes to ERR; B stays RTS.
+    // rnr_retry = 2: the first try and two retries are RNR-NAKed; the third NAK fails the WR with
+    // RNR_RETRY_EXC_ERR (IBTA 9.7.5.2.8, C9-143, 10.8.3, unverified) and A goes to ERR; B stays
+    // RTS.
     let mut t = rnr_bed(3, 2);
     t.post_send(A, wr(1, WrOpcode::Send, vec![t.sge(A, 0, 8)]));
     t.post_send(A, wr(2, WrOpcode::Send, vec![t.sge(A, 0, 8)]));
@@ -199,7 +200,7 @@ fn timeout_bed(timeout: u8, retry_cnt: u8) -> Bed {
 #[test]
 fn ack_timeout_retries_then_retry_exc_err() {
     // Everything A sends is lost. timeout 10 = 4.096 µs × 2^10; retry_cnt 3: four attempts at
-    // 0, T, 2T, 3T, then at 4T RETRY_EXC_ERR and ERR (IBTA 9.7.6.1.3, C9-140... 10.8.3).
+    // 0, T, 2T, 3T, then at 4T RETRY_EXC_ERR and ERR (the retry counter; 10.8.3 unverified).
     let mut t = timeout_bed(10, 3);
     t.filter = drop_dir(Dir::AB);
     t.post_recv(B, 1, 0, 64);
@@ -354,7 +355,7 @@ fn duplicate_send_and_write_are_acked_not_executed() {
     let write = t.pkts(Dir::AB)[1].frame.clone();
     t.fill(B, 0x1000, b"changed!");
     t.clear_log();
-    // IBTA 9.7.5.1.2 (C9-104, C9-105): a duplicate SEND or WRITE is not executed again and is
+    // C9-105 (rxe; C9-104 unverified): a duplicate SEND or WRITE is not executed again and is
     // acknowledged, with its own PSN (rxe uses the latest PSN it has seen, which may cover a
     // READ whose response was lost; rxe's requester then completes that READ without data).
     t.inject(B, &send);
@@ -393,7 +394,7 @@ fn duplicate_read_is_executed_again() {
     let req = t.pkts(Dir::AB)[0].frame.clone();
     t.fill(B, 0x1000, &[2; 600]);
     t.clear_log();
-    // C9-106: a duplicate READ is answered from memory as it is now.
+    // C9-106 (unverified): a duplicate READ is answered from memory as it is now.
     t.inject(B, &req);
     t.flush_now();
     let resp = t.pkts(Dir::BA);
@@ -436,7 +437,7 @@ fn duplicate_atomic_is_replayed_not_applied_twice() {
     t.wait_wcs(A, 1);
     let req = t.pkts(Dir::AB)[0].frame.clone();
     t.clear_log();
-    // C9-107: the responder answers a duplicate atomic from its replay cache.
+    // C9-107 (unverified): the responder answers a duplicate atomic from its replay cache.
     t.inject(B, &req);
     t.flush_now();
     assert_eq!(
@@ -555,8 +556,8 @@ fn duplicated_frames_on_the_wire_change_nothing() {
 #[test]
 fn lost_read_response_resumes_the_read_mid_message() {
     // A 5-packet READ; response 2 (a MIDDLE) is lost. Response 3 reveals the gap: A asks again
-    // for the rest only, a new READ request at PSN+2 for va+512, 768 bytes (IBTA 9.7.5.2.4 ...
-    // C9-? "the requester may resume a READ from the first missing response").
+    // for the rest only, a new READ request at PSN+2 for va+512, 768 bytes (IBTA 9.4.4:
+    // "Retried RDMA READ Requests need not start at the same address", as pib quotes it).
     let mut t = BedCfg::new(QpType::Rc).both(|o| o.mtu = Mtu::M256).build();
     let data = pattern(1280, 5);
     t.fill(B, 0x1000, &data);
@@ -660,8 +661,8 @@ fn lost_read_request_times_out_and_is_sent_again() {
 
 #[test]
 fn lost_last_ack_before_a_read_is_implied_by_the_read_response() {
-    // SEND's ACK is lost; the READ response that follows acknowledges it (IBTA 9.7.5.2.2:
-    // a response implies everything before it).
+    // SEND's ACK is lost; the READ response that follows acknowledges it (IBTA 9.7.5.1.2, coalesced
+    // ACKs: a response implies everything before it).
     let mut t = Bed::rc();
     t.filter = Box::new(|p| {
         if p.op == O::RC_ACKNOWLEDGE {
@@ -770,7 +771,8 @@ fn max_rd_atomic_does_not_hold_back_sends_and_writes() {
         t.post_recv(B, 1, 0x1000, 64);
         t.post_send(A, wr(9, WrOpcode::Send, vec![t.sge(A, 0, 8)]));
         t.wait_wcs(A, 3);
-        // READ 0 goes; READ 1 must wait; the SEND behind it waits too (in order, 10.8.3).
+        // READ 0 goes; READ 1 must wait; the SEND behind it waits too (in order, 10.8.3,
+        // unverified).
         let ab: Vec<_> = t.pkts(Dir::AB).iter().map(|p| (p.op, p.psn)).collect();
         assert_eq!(
             ab,
@@ -792,7 +794,8 @@ fn max_rd_atomic_does_not_hold_back_sends_and_writes() {
 fn fence_waits_for_outstanding_reads() {
     // Guarded: a requester blocked by max_rd_atomic or a fence once made poll_transmit spin.
     within(5, || {
-        // IBTA 10.8.3.3 (fence): a fenced WR starts only when every READ / atomic before it is done.
+        // IBTA 10.8.3.3 (unverified; fence): a fenced WR starts only when every READ / atomic
+        // before it is done.
         let mut t = Bed::rc();
         t.post_recv(B, 1, 0x1000, 64);
         reads(&mut t, 2, None);

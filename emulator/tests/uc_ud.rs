@@ -1,6 +1,6 @@
-//! UC (IBTA 9.8.3: no ACKs, a PSN gap loses the message in progress and its receive WQE is
-//! reused) and UD (9.8.2, 10.2.4: DETH, Q_Key checks and the controlled Q_Key rule, the 40-byte
-//! GRH area, src_qp, one-packet messages), with exact packets and completions.
+//! UC (IBTA 9.8.2.2, unverified: no ACKs, a PSN gap loses the message in progress and its receive
+//! WQE is reused) and UD (9.8.3 and 10.2.4, unverified: DETH, Q_Key checks and the controlled Q_Key
+//! rule, the 40-byte GRH area, src_qp, one-packet messages), with exact packets and completions.
 mod common;
 use common::*;
 use rocemu_emulator::inproc::{
@@ -58,7 +58,8 @@ fn uc_send_and_write_with_imm_no_acks() {
         ),
     );
     let (wa, wb) = t.settle();
-    // The requester completes when the last packet is sent (IBTA 9.8.4 ... no ACK exists).
+    // The requester completes when the last packet is sent (IBTA 9.8.2, unverified: no ACK exists;
+    // 9.8.4 is raw datagrams, A17.4.6).
     assert_eq!(
         st(&wa),
         vec![
@@ -150,7 +151,8 @@ fn uc_gap(lost: u32) {
 
 #[test]
 fn uc_psn_gap_loses_the_message_and_reuses_the_receive() {
-    // IBTA 9.8.3.1 (C9-?): the rest of the message is dropped; the next FIRST/ONLY starts over.
+    // IBTA 9.8.2.2 (unverified): the rest of the message is dropped; the next FIRST/ONLY starts
+    // over.
     for lost in 0..4 {
         uc_gap(lost);
     }
@@ -223,7 +225,8 @@ fn uc_no_receive_and_bad_rkey_drop_silently() {
     t.post_send(A, wr(3, WrOpcode::Send, vec![t.sge(A, 0, 8)]));
     let (wa, wb) = t.settle();
     assert_eq!(wa.len(), 3);
-    // No RNR on UC (9.8.3): SEND 1 is dropped; the bad WRITE too; SEND 3 takes receive 5.
+    // No RNR on UC (9.8.2.2, unverified): SEND 1 is dropped; the bad WRITE too; SEND 3 takes
+    // receive 5.
     assert_eq!(st(&wb), vec![(5, WcStatus::Success)]);
     assert!(t.pkts(Dir::BA).is_empty());
     assert_eq!(t.state(B), QpState::Rts);
@@ -299,7 +302,7 @@ fn ud_send_with_imm_deth_grh_and_src_qp() {
 fn ud_qkey_mismatch_is_dropped_and_controlled_qkey_uses_the_qps() {
     let mut t = ud();
     t.post_recv(B, 1, 0, 100);
-    // A wrong Q_Key: dropped silently (IBTA 10.2.4, C10-15), the receive stays posted.
+    // A wrong Q_Key: dropped silently (IBTA 10.2.4, unverified), the receive stays posted.
     let mut w = wr(1, WrOpcode::Send, vec![t.sge(A, 0, 8)]);
     w.ud = Some(to_b(&t, 0x2222_2222));
     t.post_send(A, w);
@@ -314,7 +317,7 @@ fn ud_qkey_mismatch_is_dropped_and_controlled_qkey_uses_the_qps() {
     assert_eq!(t.p.b.counters().rx_drop_bad_qkey, 1);
     assert_eq!(t.p.b.counters().rx_drop_total(), 1);
     // A controlled Q_Key in the WR (high bit set): the QP's own Q_Key goes on the wire
-    // (IBTA 10.2.4.1 ... C10-16).
+    // (IBTA 3.5.3 in 1.2.1, as pib cites it; C10-15 per issue 20, unverified).
     t.clear_log();
     let mut w = wr(2, WrOpcode::Send, vec![t.sge(A, 0, 8)]);
     w.ud = Some(to_b(&t, 0x8000_0000));
@@ -329,7 +332,7 @@ fn ud_qkey_mismatch_is_dropped_and_controlled_qkey_uses_the_qps() {
 fn ud_message_sizes_up_to_and_over_the_mtu() {
     // The port MTU is 4096 (9000-byte Ethernet). A UD message is one packet: up to 4096 bytes
     // it goes as one UD SEND ONLY; 4097 fails locally with LOC_LEN_ERR and sends nothing
-    // (IBTA 10.8.3 / C10-?).
+    // (IBTA 10.8.3, unverified).
     let mut t = ud();
     t.post_recv(B, 1, 0, 40 + 4096);
     t.post_recv(B, 2, 0x10000, 40 + 4096);

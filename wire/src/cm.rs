@@ -1,6 +1,8 @@
-//! The InfiniBand communication manager's messages (IBTA Vol. 1 12.6), management class 0x07
-//! class version 2, each filling the 232 data bytes of a 256-byte MAD ([`crate::mad`]); and the
-//! header rdma_cm puts at the front of a REQ's private data ([`CmaHdr`], IBTA Annex A11).
+//! The InfiniBand communication manager's messages (IBTA Vol. 1 12.6, unverified like every 12.x
+//! section number here; the message tables are numbered as Linux's `ibta_vol1_c12.h` has them for
+//! 1.3: REQ 106, MRA 107, REJ 108, REP 110, RTU 111, DREQ 112, DREP 113, SIDR 119/120), management
+//! class 0x07 class version 2, each filling the 232 data bytes of a 256-byte MAD ([`crate::mad`]);
+//! and the header rdma_cm puts at the front of a REQ's private data ([`CmaHdr`], IBTA Annex A11).
 //!
 //! Invariants:
 //!
@@ -149,7 +151,7 @@ mod field {
         BitField::in32(msb, width)
     }
 
-    // REQ (12.6.5)
+    // REQ (12.6.5; Table 106 in 1.3)
     /// 32: Local QPN (0, 24), Responder Resources (24, 8)
     pub const REQ_LOCAL_QPN: BitField = w(0, 24);
     pub const REQ_RESPONDER_RESOURCES: BitField = w(24, 8);
@@ -188,7 +190,7 @@ mod field {
     pub const PATH_LOCAL_ACK_TIMEOUT: BitField = b(0, 5);
     pub const PATH_RESV_ACK: BitField = b(5, 3);
 
-    // MRA (12.6.6) and REJ (12.6.7)
+    // MRA (12.6.6; Table 107) and REJ (12.6.7; Table 108)
     /// 8: Message MRAed / REJected (0, 2), reserved (2, 6)
     pub const MSG_KIND: BitField = b(0, 2);
     pub const MSG_KIND_RESV: BitField = b(2, 6);
@@ -199,7 +201,8 @@ mod field {
     pub const REJ_INFO_LEN: BitField = b(0, 7);
     pub const REJ_RESV9: BitField = b(7, 1);
 
-    // REP (12.6.8), DREQ (12.6.10), SIDR_REP: a 24-bit number and 8 reserved bits
+    // REP (12.6.8; Table 110), DREQ (12.6.10; Table 112), SIDR_REP (Table 120): a 24-bit number and
+    // 8 reserved bits
     /// REP 12 Local QPN, 16 Local EECN, 20 Starting PSN; DREQ 8 Remote QPN/EECN; SIDR_REP 8 QPN
     pub const NUM24: BitField = w(0, 24);
     pub const NUM24_RESV: BitField = w(24, 8);
@@ -782,7 +785,8 @@ impl CmPath {
     }
 }
 
-/// Connection request (IBTA 12.6.5). Sent by the active side to the passive side's QP1.
+/// Connection request (IBTA 12.6.5, unverified; Table 106 in 1.3). Sent by the active side to the
+/// passive side's QP1.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ReqRepr {
     pub local_comm_id: CommId,
@@ -953,9 +957,9 @@ impl ReqRepr {
     }
 }
 
-/// Message receipt acknowledgement (IBTA 12.6.6): "received, answer coming, wait this long".
-/// Linux sends one for a REQ only when a duplicate of it arrives before the application has
-/// accepted (`IB_CM_MRA_FLAG_DELAY`), with service timeout 24 (68.7 s).
+/// Message receipt acknowledgement (IBTA 12.6.6, unverified; Table 107 in 1.3): "received, answer
+/// coming, wait this long". Linux sends one for a REQ only when a duplicate of it arrives before
+/// the application has accepted (`IB_CM_MRA_FLAG_DELAY`), with service timeout 24 (68.7 s).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct MraRepr {
     pub local_comm_id: CommId,
@@ -1009,8 +1013,8 @@ impl MraRepr {
     }
 }
 
-/// Reject (IBTA 12.6.7). A REJ for a REQ to a service nobody listens on has Local
-/// Communication ID 0 (Linux answers without creating a connection).
+/// Reject (IBTA 12.6.7, unverified; Table 108 in 1.3). A REJ for a REQ to a service nobody listens
+/// on has Local Communication ID 0 (Linux answers without creating a connection).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct RejRepr {
     pub local_comm_id: CommId,
@@ -1077,7 +1081,7 @@ impl RejRepr {
     }
 }
 
-/// Reply (IBTA 12.6.8): the passive side accepts.
+/// Reply (IBTA 12.6.8, unverified; Table 110 in 1.3): the passive side accepts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct RepRepr {
     pub local_comm_id: CommId,
@@ -1189,8 +1193,8 @@ impl RepRepr {
     }
 }
 
-/// Ready to use (IBTA 12.6.9) and disconnect reply (12.6.11) share a layout: the two
-/// communication IDs and 224 bytes of private data.
+/// Ready to use (IBTA 12.6.9; Table 111 in 1.3) and disconnect reply (12.6.11; Table 113) share a
+/// layout: the two communication IDs and 224 bytes of private data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct RtuRepr {
     pub local_comm_id: CommId,
@@ -1198,7 +1202,7 @@ pub struct RtuRepr {
     pub private_data: [u8; private_len::RTU],
 }
 
-/// Disconnect reply (IBTA 12.6.11).
+/// Disconnect reply (IBTA 12.6.11, unverified; Table 113 in 1.3).
 pub type DrepRepr = RtuRepr;
 
 impl Default for RtuRepr {
@@ -1228,7 +1232,7 @@ impl RtuRepr {
     }
 }
 
-/// Disconnect request (IBTA 12.6.10).
+/// Disconnect request (IBTA 12.6.10, unverified; Table 112 in 1.3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct DreqRepr {
     pub local_comm_id: CommId,

@@ -1,6 +1,6 @@
-//! Parse and build errors. Every parse error means "drop the frame silently" to a responder
-//! (IBTA 9.6: packets that fail header checks are discarded without a NAK); errors that call for a
-//! NAK are decided by the transport, which sees well-formed frames only.
+//! Parse and build errors. Every parse error means "drop the frame silently" to a responder (IBTA
+//! 9.6, unverified: packets that fail header checks are discarded without a NAK); errors that call
+//! for a NAK are decided by the transport, which sees well-formed frames only.
 use core::fmt;
 
 /// The layer a length problem was found in.

@@ -1,5 +1,5 @@
 //! Whole RoCEv2 frames: Ethernet [802.1Q] / IPv4 | IPv6 / UDP 4791 / BTH / extension headers /
-//! payload / pad / ICRC (Annex A17.4), parsed in place and built in place.
+//! payload / pad / ICRC (Annex A17.3, Figure 5; CA17-2), parsed in place and built in place.
 //!
 //! The IP datagram's own length delimits the packet: Ethernet padding after it is ignored. The
 //! UDP length must equal the IP payload length.
@@ -317,9 +317,10 @@ fn parse_l3(eth: EthernetRepr, frame: &[u8], l3: usize) -> Result<ParsedFrame<'_
     })
 }
 
-/// The UDP source port of a QP without a peer (UD, QP1), as rxe derives it: 0xC000 | the top
-/// 14 bits of `qpn × 0x61C88647` (the kernel's `hash_32`). Annex A17.5.1.1 only asks that the
-/// port be fixed per flow and drawn from 0xC000..=0xFFFF, so that ECMP keeps a flow on one path.
+/// The UDP source port of a QP without a peer (UD, QP1), as rxe derives it: 0xC000 | the top 14
+/// bits of `qpn × 0x61C88647` (the kernel's `hash_32`). Annex A17.3.2.1 and A17.9.4 only ask that
+/// the port be fixed per flow and drawn from 0xC000..=0xFFFF, so that ECMP keeps a flow on one
+/// path.
 pub fn udp_sport_for_qpn(qpn: Qpn) -> u16 {
     0xc000 | (qpn.value().wrapping_mul(0x61c8_8647) >> 18) as u16
 }
@@ -393,7 +394,7 @@ impl FrameRepr {
 
     /// Writes the frame at the front of `buf`: headers with every length, the IPv4 checksum
     /// (IPv4 headers are built without options), `payload_len` payload bytes written by
-    /// `fill`, `bth.pad` zero pad bytes, and the ICRC. The UDP checksum is 0 (Annex A17.4.3
+    /// `fill`, `bth.pad` zero pad bytes, and the ICRC. The UDP checksum is 0 (Annex A17.3.2.4
     /// allows it for IPv4; RoCE NICs send 0 on IPv6 too). Returns the frame length.
     pub fn emit(
         &self,

@@ -227,7 +227,7 @@ pub struct AtomicEthRepr {
     pub compare: u64,
 }
 
-/// Atomic acknowledge extended transport header (IBTA 9.3.6): the original remote value.
+/// Atomic acknowledge extended transport header (IBTA 9.5.3): the original remote value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct AtomicAckEthRepr {
     pub orig: u64,
@@ -250,8 +250,8 @@ pub struct DethRepr {
     pub resv: u8,
 }
 
-/// Flush extended transport header (IBA 1.5, 9.3.7 in the 1.5 numbering): selectivity level
-/// (bits 5:4) and placement type (bits 3:0), the rest reserved.
+/// Flush extended transport header (IBA 1.5; 9.3.7 in the 1.5 numbering unverified: 9.3.7 is the
+/// IETH in 1.2.1): selectivity level (bits 5:4) and placement type (bits 3:0), the rest reserved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct FethRepr {
     pub raw: u32,

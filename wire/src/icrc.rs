@@ -1,4 +1,5 @@
-//! The invariant CRC of RoCEv2 (IBTA Annex A17.3.3, built on Vol. 1 7.8.1).
+//! The invariant CRC of RoCEv2 (IBTA Annex A17.3.3, CA17-22, built on Vol. 1 7.8.1 as CA17-22
+//! says).
 //!
 //! ICRC = CRC-32 (the Ethernet / zlib polynomial, initial value all ones, final complement) over
 //! eight bytes of 0xFF standing in for the LRH, the IP header with its variant fields set to all

@@ -1,6 +1,6 @@
-//! IPv4 and IPv6 as RoCEv2 uses them (Annex A17.4): IPv4 with IHL honoured and the header
-//! checksum computed and checked; IPv6 with UDP as the next header (extension headers are an
-//! error, not skipped).
+//! IPv4 and IPv6 as RoCEv2 uses them (Annex A17.3.1: A17.3.1.1 for IPv4, A17.3.1.2 for IPv6): IPv4
+//! with IHL honoured and the header checksum computed and checked; IPv6 with UDP as the next header
+//! (extension headers are an error, not skipped).
 use crate::error::{Error, Layer};
 use core::net::{Ipv4Addr, Ipv6Addr};
 

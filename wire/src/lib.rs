@@ -10,8 +10,8 @@
 //! * Field values that disagree with each other (a RETH length that differs from the payload, a bad
 //!   IPv4 checksum, a wrong ICRC) are reported as they stand; only structure is an error.
 //!
-//! The transport headers follow IBTA Vol. 1 chapter 9 (9.2 BTH, 9.3 extension headers, table 35
-//! for the opcodes); the RoCEv2 encapsulation and the ICRC masking follow Annex A17.
+//! The transport headers follow IBTA Vol. 1 chapter 9 (9.2 BTH, 9.3 extension headers, table 35,
+//! unverified, for the opcodes); the RoCEv2 encapsulation and the ICRC masking follow Annex A17.
 #![forbid(unsafe_code)]
 
 pub mod arp;

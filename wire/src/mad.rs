@@ -1,5 +1,5 @@
-//! Management datagrams (IBTA Vol. 1 13.4): the 24-byte common MAD header and the
-//! 256-byte MAD it starts, as a zerocopy view plus a plain [`MadRepr`].
+//! Management datagrams (IBTA Vol. 1 13.4, unverified, like every 13.x number here): the 24-byte
+//! common MAD header and the 256-byte MAD it starts, as a zerocopy view plus a plain [`MadRepr`].
 //!
 //! Invariants:
 //!
@@ -16,7 +16,7 @@
 //! known class but an unsupported class version or attribute is answered only when its method
 //! asks for a response (Get/Set: a GetResp with status "unsupported class version" or
 //! "unsupported method/attribute", IBTA 13.4); a CM REQ with a class version other than 2 may
-//! be rejected with REJ reason 31 (12.6.7).
+//! be rejected with REJ reason 31 (12.6.7, unverified; Table 108 in 1.3).
 use crate::frame::ParsedFrame;
 use crate::opcode::Opcode;
 use crate::types::Qpn;
@@ -292,8 +292,9 @@ pub fn gsi_payload<'a>(frame: &ParsedFrame<'a>) -> Option<&'a [u8]> {
         .then_some(frame.payload)
 }
 
-/// 4.096 µs × 2^`code`, in nanoseconds: how IBTA encodes every 5-bit timeout (CM response
-/// timeouts, local ACK timeout, target ACK delay, MRA service timeout; IBTA 12.6.5, 9.7.6).
+/// 4.096 µs × 2^`code`, in nanoseconds: how IBTA encodes every 5-bit timeout (CM response timeouts,
+/// local ACK timeout, target ACK delay, MRA service timeout; IBTA 12.6.5 unverified, 9.7.6.1.3 for
+/// the ACK timeout).
 pub const fn timeout_nanos(code: u8) -> u64 {
     4096u64 << (code & 0x1f)
 }

@@ -1,6 +1,6 @@
-//! The BTH opcode table (IBTA Vol. 1 table 35, plus FLUSH and ATOMIC WRITE from IBA 1.5 and the
-//! RoCEv2 CNP of Annex A17.9.2): for each opcode, which extension headers follow the BTH and in
-//! which order, whether a payload follows, and where the packet sits in its message.
+//! The BTH opcode table (IBTA Vol. 1 table 35, unverified; plus FLUSH and ATOMIC WRITE from IBA 1.5
+//! and the RoCEv2 CNP of Annex A17.9.3, Figure 6): for each opcode, which extension headers follow
+//! the BTH and in which order, whether a payload follows, and where the packet sits in its message.
 //!
 //! Header order on the wire is always: BTH, FETH, RETH, AtomicETH, DETH, AETH, AtomicAckETH,
 //! ImmDt, IETH (each when present), payload, pad, ICRC — no opcode carries two headers whose
@@ -15,7 +15,7 @@ pub enum Transport {
     Rc,
     Uc,
     Ud,
-    /// Congestion notification packet (RoCEv2 Annex A17.9.2).
+    /// Congestion notification packet (RoCEv2 Annex A17.9.3, CA17-44 and Figure 6).
     Cnp,
 }
 

@@ -1,11 +1,12 @@
 //! Typed transport values. Raw integers do not cross a module boundary: a PSN is a [`Psn`], with
-//! the 24-bit serial-number arithmetic of IBTA 9.7.1 built in.
+//! the 24-bit serial-number arithmetic of IBTA 9.7.1 (unverified) built in.
 use core::fmt;
 
 const MASK24: u32 = 0x00ff_ffff;
 
-/// A 24-bit packet sequence number (IBTA 9.2: BTH PSN). Comparison is modulo 2^24: `a` is
-/// before `b` when `b - a` (mod 2^24) lies in `1 ..= 2^23 - 1`, the half-window rule of 9.7.1.
+/// A 24-bit packet sequence number (IBTA 9.2: BTH PSN). Comparison is modulo 2^24: `a` is before
+/// `b` when `b - a` (mod 2^24) lies in `1 ..= 2^23 - 1`, the half-window rule of 9.7.1
+/// (unverified).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Psn(u32);
 
@@ -93,7 +94,8 @@ newtype24!(
     Qpn
 );
 newtype24!(
-    /// The 24-bit message sequence number carried in the AETH (IBTA 9.7.5.1.5).
+    /// The 24-bit message sequence number carried in the AETH (IBTA 9.3.5; C9-148 as rxe numbers
+    /// the rule).
     Msn
 );
 
@@ -102,8 +104,8 @@ impl Qpn {
     pub const SMI: Qpn = Qpn(0);
     /// QP1, the general services QP that carries MADs (IB CM).
     pub const GSI: Qpn = Qpn(1);
-    /// The destination QP of a CNP per Annex A17.9.2 is the QP being throttled; 0xFFFFFF is the
-    /// multicast QPN (IBTA 9.2).
+    /// The destination QP of a CNP per Annex A17.9.3 (Figure 6) is the QP being throttled; 0xFFFFFF
+    /// is the multicast QPN (IBTA 9.2, unverified).
     pub const MULTICAST: Qpn = Qpn(MASK24);
 }
 
@@ -136,8 +138,9 @@ newtype32!(
     RKey
 );
 newtype32!(
-    /// A UD queue key (DETH). Keys with the high bit set are controlled keys (IBTA 10.2.4):
-    /// a requester may not use them from a work request, only from its QP attribute.
+    /// A UD queue key (DETH). Keys with the high bit set are controlled keys (IBTA 3.5.3 in 1.2.1,
+    /// as pib cites it): a requester may not use them from a work request, only from its QP
+    /// attribute.
     QKey
 );
 
@@ -146,7 +149,7 @@ impl QKey {
     pub const fn is_controlled(self) -> bool {
         self.0 & 0x8000_0000 != 0
     }
-    /// The Q_Key of QP1 (general services), IBTA 13.5.3.3.
+    /// The Q_Key of QP1 (general services), IBTA 13.5.3.3 (unverified).
     pub const GSI: QKey = QKey(0x8001_0000);
 }
 
@@ -167,8 +170,8 @@ impl PKey {
     pub const fn base(self) -> u16 {
         self.0 & 0x7fff
     }
-    /// P_Key matching per IBTA 10.9.3: same partition, at least one full member, and the
-    /// invalid P_Key (base 0) matches nothing.
+    /// P_Key matching per IBTA 10.9.3 (unverified): same partition, at least one full member, and
+    /// the invalid P_Key (base 0) matches nothing.
     pub const fn matches(self, other: PKey) -> bool {
         self.base() != 0
             && self.base() == other.base()
@@ -182,7 +185,7 @@ impl fmt::Display for PKey {
     }
 }
 
-/// NAK codes of the AETH syndrome (IBTA table 44).
+/// NAK codes of the AETH syndrome (IBTA table 44, unverified).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum NakCode {
     PsnSequenceError,
@@ -217,7 +220,8 @@ impl NakCode {
     }
 }
 
-/// The meaning of an AETH syndrome byte (IBTA 9.7.5.1.5, tables 42–45).
+/// The meaning of an AETH syndrome byte (IBTA 9.3.5; tables 42–44 unverified, Table 45 the RNR
+/// timer).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum SyndromeKind {
     /// A positive acknowledgement with an end-to-end credit count; 31 means "credits invalid".
@@ -234,7 +238,8 @@ pub enum SyndromeKind {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Syndrome(pub u8);
 
-/// RNR NAK timer values in microseconds, indexed by the 5-bit timer code (IBTA table 45).
+/// RNR NAK timer values in microseconds, indexed by the 5-bit timer code (IBTA Table 45, "Encoding
+/// for RNR NAK Timer Field", as Linux's cma.c names it).
 pub const RNR_TIMER_MICROS: [u32; 32] = [
     655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1_280, 1_920, 2_560, 3_840,
     5_120, 7_680, 10_240, 15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880, 163_840,

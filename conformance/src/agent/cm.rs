@@ -34,7 +34,7 @@ use rocemu_wire::{Psn, QKey, Qpn};
 use std::collections::VecDeque;
 use std::net::IpAddr;
 
-/// The GSI Q_Key (IBTA 13.5.1).
+/// The GSI Q_Key (IBTA 13.5.1, unverified).
 /// A UD receive starts with the 40-byte GRH area.
 const GRH: usize = 40;
 const RECVS: usize = 32;
@@ -366,7 +366,7 @@ impl CmService {
             .filter(|m| m.bytes() <= active.bytes())
             .unwrap_or(active);
         // Reads and atomics: as responder no more than the peer will keep in flight, as
-        // requester no more than it takes (IBTA 12.7.29, 12.7.31).
+        // requester no more than it takes (IBTA 12.7.29, 12.7.31, unverified).
         let responder_resources = req.initiator_depth.clamp(1, 16);
         let initiator_depth = req.responder_resources.clamp(1, 16);
         let o = ConnectOpts {

@@ -1,7 +1,7 @@
-//! Header validation (IBTA Vol. 1 9.6.1.1, Annex A17.3.3): packets that fail it are dropped
-//! without a word, and the QP goes on as if they never came. Every scenario sends the bad
-//! packet first, then the same packet made right, which must be accepted: a device that drops
-//! everything does not pass.
+//! Header validation (IBTA Annex A17.3.3 and A17.3.4; Vol. 1 9.6.1.1 unverified): packets that fail
+//! it are dropped without a word, and the QP goes on as if they never came. Every scenario sends
+//! the bad packet first, then the same packet made right, which must be accepted: a device that
+//! drops everything does not pass.
 use crate::cite;
 use crate::peer::Craft;
 use crate::scenario::{pattern, psn_text, ConnOpts, Ctx, Outcome, Scenario};
@@ -149,7 +149,8 @@ fn pad_stripped(ctx: &mut Ctx<'_>) -> Outcome {
         .payload(&data)
         .ack_req(true);
     if req.build()?.len() % 4 != 2 {
-        // Ethernet 14 + IPv4 20 + UDP 8 + BTH 12 + 8 (payload + pad) + ICRC 4: a multiple of 4 plus 2.
+        // Ethernet 14 + IPv4 20 + UDP 8 + BTH 12 + 8 (payload + pad) + ICRC 4: a multiple of 4 plus
+        // 2.
         return Err("the peer did not pad the SEND to a multiple of 4".into());
     }
     ctx.peer.send(&req)?;

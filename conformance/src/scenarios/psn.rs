@@ -1,4 +1,5 @@
-//! PSN handling (IBTA Vol. 1 9.7.1, 9.7.5.1.1–9.7.5.1.2) and opcode sequencing (9.7.5.1.3) at
+//! PSN handling (IBTA Vol. 1 9.7.1 unverified, 9.7.5.1.2 coalesced ACKs, C9-105 duplicates) and
+//! opcode sequencing (9.7.4.1 in 1.5) at
 //! the responder; the 2^24 wrap at both ends.
 use crate::agent::{SendOpcode, SendWr, Sge};
 use crate::cite;
@@ -346,7 +347,7 @@ fn wrap_requester(ctx: &mut Ctx<'_>) -> Outcome {
 }
 
 /// A packet that breaks the opcode sequence: one NAK invalid request at its PSN, and the QP in
-/// ERR (a class C error, 9.9.3.1).
+/// ERR (a class C error, 9.9.3.1, unverified).
 fn sequence_nak(ctx: &mut Ctx<'_>, c: &crate::scenario::Conn, psn: Psn, what: &str) -> Outcome {
     let got = ctx.peer.collect(None);
     let naks = got

@@ -1,6 +1,6 @@
-//! RDMA access at the responder (IBTA Vol. 1 9.4.4–9.4.5, 9.7.5.1.5 C9-88), the requester's side
-//! of NAKs and read responses (9.7.5.2, 10.10.x completion status), RNR (9.7.5.2.8), ACKs and
-//! the MSN (9.7.5.1.1, 9.7.6), UD's Q_Key (10.2.4).
+//! RDMA access at the responder (IBTA Vol. 1 9.7.4.1.5 in 1.5, C9-88), the requester's side
+//! of NAKs and read responses (9.7.5.2.4 in 1.5; 10.10.x unverified), RNR (Table 45), ACKs and
+//! the MSN (9.7.5.1.2, C9-148), UD's Q_Key (10.2.4, unverified). Citations: `crate::cite`.
 use crate::agent::{SendOpcode, SendWr, Sge};
 use crate::cite;
 use crate::peer::{describe, Pkt};
@@ -594,7 +594,7 @@ fn ud_qkey(ctx: &mut Ctx<'_>) -> Outcome {
         Some("IBV_WC_RECV"),
         "a UD SEND with the right Q_Key",
     )?;
-    // A UD receive starts with the 40-byte GRH area (IBTA 11.4.1.2).
+    // A UD receive starts with the 40-byte GRH area (IBTA 11.4.1.2, Annex A17.4.5.2).
     if wc.byte_len != 40 + 32 || wc.src_qp != c.peer_qpn {
         return Err(format!(
             "expected byte_len 72 (GRH + 32) from src_qp {}, got byte_len {} from src_qp {}",

@@ -1,5 +1,5 @@
-//! The device as requester: what it puts on the wire for its work requests, and how it takes
-//! ACKs, NAKs, atomic responses and silence (IBTA Vol. 1 9.7.5.2, 9.9.3, 10.2.1 for the QP
+//! The device as requester: what it puts on the wire for its work requests, and how it takes ACKs,
+//! NAKs, atomic responses and silence (IBTA Vol. 1 9.7.5.2, 9.9.3, 10.2.1, unverified, for the QP
 //! attributes that bound retries).
 use crate::agent::{ModifyQp, SendOpcode, SendWr, Sge};
 use crate::cite;

@@ -1,5 +1,5 @@
-//! Work requests against the QP state machine (IBTA Vol. 1 10.3.1, 11.4.1) and error recovery
-//! (10.3.1: ERR flushes, RESET starts over).
+//! Work requests against the QP state machine (IBTA Vol. 1 10.3.1 and 11.4.1, unverified;
+//! 11.2.4.2 Modify QP) and error recovery (ERR flushes, RESET starts over).
 use crate::agent::{ModifyQp, SendOpcode, SendWr, Sge};
 use crate::cite;
 use crate::peer::describe;

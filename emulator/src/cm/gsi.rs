@@ -9,7 +9,8 @@ use rocemu_wire::mad::MAD_LEN;
 use rocemu_wire::{QKey, Qpn};
 use std::net::IpAddr;
 
-/// The GRH area at the head of every UD receive (IBTA 11.4.1.1; rdma-core's RoCE v2 layout).
+/// The GRH area at the head of every UD receive (IBTA 11.4.1.2, Annex A17.4.5.2; rdma-core's RoCE
+/// v2 layout).
 pub const GRH: usize = 40;
 
 /// QP1 and its buffers.

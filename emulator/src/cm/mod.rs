@@ -1,8 +1,8 @@
-//! The IB communication manager (IBTA Vol. 1 12.6–12.9, 12.11) as `rdma_cm` uses it on RoCE: a
-//! sans-IO agent that turns connect / listen / accept / establish / disconnect into REQ, REP,
-//! RTU, REJ, MRA, DREQ and DREP MADs, and a UD service lookup into SIDR_REQ and SIDR_REP;
-//! retransmits them on its own timers, and reports what the peer did (with the private data its
-//! messages carried) as events.
+//! The IB communication manager (IBTA Vol. 1 chapter 12; 12.6–12.9 and 12.11 unverified) as
+//! `rdma_cm` uses it on RoCE: a sans-IO agent that turns connect / listen / accept / establish /
+//! disconnect into REQ, REP, RTU, REJ, MRA, DREQ and DREP MADs, and a UD service lookup into
+//! SIDR_REQ and SIDR_REP; retransmits them on its own timers, and reports what the peer did (with
+//! the private data its messages carried) as events.
 //!
 //! It sits beside the RNIC, not inside it: MADs reach it as the payloads of UD receives on QP1
 //! (`Rnic::create_gsi_qp`), and what it wants sent goes out as UD SENDs from QP1 to the peer's
@@ -31,8 +31,9 @@
 //!   was refused or thrown away is in [`CmCounters`].
 //!
 //! Not yet: LAP/APR (alternate paths), sending an MRA for a REP, and the time-wait state's
-//! stale-connection checks. `rocemu-tools`' `rdmacm` wires it to an engine for `rocemu rping`, `perf -R` and
-//! `pingpong --rdma-cm`; the conformance agent (`rocemu-conformance`, `agent::cm`) to its RNIC.
+//! stale-connection checks. `rocemu-tools`' `rdmacm` wires it to an engine for `rocemu rping`,
+//! `perf -R` and `pingpong --rdma-cm`; the conformance agent (`rocemu-conformance`, `agent::cm`) to
+//! its RNIC.
 use crate::rng::{KeyRng, Seed};
 use crate::time::Nanos;
 use rocemu_wire::cm::{
@@ -88,7 +89,7 @@ pub struct CmAgent {
     /// By local comm id: a `BTreeMap`, so that nothing depends on a hasher's order.
     conns: BTreeMap<u32, Conn>,
     /// (peer, remote comm id) → local comm id, for connections whose remote id is known: a
-    /// repeated REQ is found in O(1) (IBTA 12.9.5.1 identifies a REQ by both).
+    /// repeated REQ is found in O(1) (IBTA 12.9.5.1, unverified, identifies a REQ by both).
     by_remote: HashMap<(IpAddr, u32), u32>,
     /// (peer, SIDR request id) → local id, for the SIDR_REQs we hold.
     sidr_by_remote: HashMap<(IpAddr, u32), u32>,
@@ -419,9 +420,9 @@ impl CmAgent {
         Ok(())
     }
 
-    /// Active side of service ID resolution (IBTA 12.11; rdma_cm's `RDMA_PS_UDP`): sends a
-    /// SIDR_REQ for `service` at `peer` with the first 216 bytes of `private_data` (zero padded;
-    /// longer is cut), retransmitted as a REQ is. Ends with [`CmEvent::SidrReply`] or
+    /// Active side of service ID resolution (IBTA 12.11, unverified; rdma_cm's `RDMA_PS_UDP`):
+    /// sends a SIDR_REQ for `service` at `peer` with the first 216 bytes of `private_data` (zero
+    /// padded; longer is cut), retransmitted as a REQ is. Ends with [`CmEvent::SidrReply`] or
     /// [`CmEvent::Timeout`], after which the id is forgotten. The id returned is the SIDR_REQ's
     /// Request ID.
     pub fn sidr_request(
@@ -570,16 +571,16 @@ impl CmAgent {
 
     /// A MAD that arrived on QP1 from `from`.
     ///
-    /// An MRA (IBTA 12.6.6) for our REQ (state `ReqSent`, message MRAed REQ) or our REP
-    /// (`RepSent`, message MRAed REP, from the connection's peer id) is counted
-    /// ([`CmCounters::mras_received`]); the first one moves the next retransmission to at least
-    /// its service timeout plus our response timeout from now (4.096 µs × (2^service +
-    /// 2^`cm_response_timeout`)), later ones change nothing. The retries left are not touched:
-    /// when the stretched wait ends unanswered, the message goes again at the usual interval.
-    /// This is Linux's cm.c `cm_mra_handler` (the sum of the MRA's service timeout and the
-    /// path's timeout, where we take our CM response timeout) with mad.c's `ib_modify_mad`
-    /// since "IB/mad: Apply timeout modification (CM MRA) only once" (2024, citing IBTA 1.7
-    /// 12.6.6): the stretch applies to the next retry only.
+    /// An MRA (IBTA 12.6.6, unverified; Table 107 in 1.3) for our REQ (state `ReqSent`, message
+    /// MRAed REQ) or our REP (`RepSent`, message MRAed REP, from the connection's peer id) is
+    /// counted ([`CmCounters::mras_received`]); the first one moves the next retransmission to at
+    /// least its service timeout plus our response timeout from now (4.096 µs × (2^service +
+    /// 2^`cm_response_timeout`)), later ones change nothing. The retries left are not touched: when
+    /// the stretched wait ends unanswered, the message goes again at the usual interval. This is
+    /// Linux's cm.c `cm_mra_handler` (the sum of the MRA's service timeout and the path's timeout,
+    /// where we take our CM response timeout) with mad.c's `ib_modify_mad` since "IB/mad: Apply
+    /// timeout modification (CM MRA) only once" (2024, citing IBTA 1.7 12.6.6): the stretch applies
+    /// to the next retry only.
     pub fn handle_mad(&mut self, now: Nanos, from: IpAddr, bytes: &[u8]) {
         self.tick(now);
         let Ok(m) = CmMadRepr::parse(bytes) else {
@@ -769,8 +770,8 @@ impl CmAgent {
     }
 
     fn on_req(&mut self, now: Nanos, from: IpAddr, tid: Tid, r: ReqRepr) {
-        // A retransmitted REQ: answer again with what we said (IBTA 12.9.5.1), or stay quiet
-        // while the application decides.
+        // A retransmitted REQ: answer again with what we said (IBTA 12.9.5.1, unverified), or stay
+        // quiet while the application decides.
         if let Some(id) = self.by_remote.get(&(from, r.local_comm_id.0)) {
             self.counters.reqs_duplicate += 1;
             if let Some(a) = self.conns.get(id).and_then(|c| c.last_answer) {
@@ -1009,7 +1010,7 @@ impl CmAgent {
 }
 
 /// The first `N` bytes of `b`, zero padded: private data as the wire carries it (its length is
-/// not on the wire; IBTA 12.6: senders pad with zeros).
+/// not on the wire; IBTA 12.6, unverified: senders pad with zeros).
 fn pad<const N: usize>(b: &[u8]) -> [u8; N] {
     let mut out = [0u8; N];
     let n = b.len().min(N);

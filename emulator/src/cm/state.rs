@@ -12,7 +12,7 @@ use rocemu_wire::{Psn, QKey, Qpn};
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
-/// A connection's state (IBTA 12.9.6, the parts a RoCE endpoint walks through).
+/// A connection's state (IBTA 12.9.6, unverified, the parts a RoCE endpoint walks through).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CmState {
     /// Active side: REQ sent, waiting for REP or REJ.
@@ -30,8 +30,8 @@ pub enum CmState {
     /// Closed; kept until the peer's retransmissions have died down. A SIDR request we
     /// answered waits here too, to answer the requester's repeats with the same SIDR_REP.
     TimeWait,
-    /// Active side of service ID resolution (IBTA 12.11): SIDR_REQ sent, waiting for the
-    /// SIDR_REP ([`CmAgent::sidr_request`]).
+    /// Active side of service ID resolution (IBTA 12.11, unverified): SIDR_REQ sent, waiting for
+    /// the SIDR_REP ([`CmAgent::sidr_request`]).
     SidrReqSent,
     /// Passive side of service ID resolution: SIDR_REQ received and reported
     /// ([`CmEvent::SidrRequest`]), waiting for [`CmAgent::sidr_reply`]. Counted against

@@ -1,5 +1,5 @@
-//! The completer (IBTA 9.7.5.2, 9.7.6): ACKs, NAKs, read responses and atomic ACKs; implied
-//! NAKs; the local ACK timeout with retry_cnt; RNR waits with rnr_retry (7 = forever);
+//! The completer (IBTA 9.7.5.2 and 9.7.6, unverified): ACKs, NAKs, read responses and atomic ACKs;
+//! implied NAKs; the local ACK timeout with retry_cnt; RNR waits with rnr_retry (7 = forever);
 //! go-back-N, resuming a READ mid-message; error completions and the QP to ERR.
 use super::qp::Qp;
 use super::requester::{complete_front, fail_wqe};
@@ -131,7 +131,7 @@ fn awaiting_response(qp: &Qp) -> Option<usize> {
 
 /// Moves the acknowledged PSN forward to `to`, but never past a read or atomic whose response
 /// has not arrived: an ACK or NAK beyond it acknowledges the request, not the data (IBTA
-/// 9.7.5.2.2). Returns true when it moved.
+/// 9.7.5.2.2, unverified). Returns true when it moved.
 fn advance_acked(qp: &mut Qp, now: Nanos, to: Psn) -> bool {
     let limit = awaiting_response(qp).map(|i| qp.sq[i].first_psn.add(qp.sq[i].resp_pkts));
     let to = match limit {
@@ -171,8 +171,8 @@ fn progress(qp: &mut Qp, now: Nanos) {
     };
 }
 
-/// Completes every WQE whose PSNs are all at or before `psn`. A READ or atomic among them
-/// without its response means responses were lost: an implied NAK (IBTA 9.7.5.2.2), so go back
+/// Completes every WQE whose PSNs are all at or before `psn`. A READ or atomic among them without
+/// its response means responses were lost: an implied NAK (IBTA 9.7.5.2.2, unverified), so go back
 /// to it. Returns true when something completed.
 fn complete_upto(dev: &mut Dev, qp: &mut Qp, now: Nanos, psn: Psn) -> bool {
     let mut any = false;
@@ -183,7 +183,8 @@ fn complete_upto(dev: &mut Dev, qp: &mut Qp, now: Nanos, psn: Psn) -> bool {
         let covered = !w.last_psn().is_after(psn);
         let rd = w.wr.opcode.is_read_or_atomic();
         if rd && !w.done && !w.first_psn.is_after(psn) {
-            // The ACK covers a read/atomic whose response never came (an implied NAK, IBTA 9.7.5.2.2).
+            // The ACK covers a read/atomic whose response never came (an implied NAK, IBTA
+            // 9.7.5.2.2, unverified).
             let resume = w.first_psn.add(w.resp_pkts);
             implied_nak(dev, qp, now, 0, resume);
             return any;
@@ -198,7 +199,8 @@ fn complete_upto(dev: &mut Dev, qp: &mut Qp, now: Nanos, psn: Psn) -> bool {
 }
 
 fn acknowledge(dev: &mut Dev, qp: &mut Qp, now: Nanos, psn: Psn) {
-    // An ACK for a PSN never sent, or older than the last one, changes nothing (C9-117).
+    // An ACK for a PSN never sent, or older than the last one, changes nothing (C9-117,
+    // unverified).
     if !psn.is_before(qp.psn_high()) || psn.next().is_before(qp.acked_psn) {
         return;
     }
@@ -387,7 +389,7 @@ fn read_response(dev: &mut Dev, qp: &mut Qp, now: Nanos, pkt: &Packet<'_>) {
         dev.counters.rx_drop_duplicate_resp += 1; // a duplicate of an older response
         return;
     }
-    // Everything before the READ is acknowledged by its response (IBTA 9.7.5.2.2).
+    // Everything before the READ is acknowledged by its response (IBTA 9.7.5.1.2, coalesced ACKs).
     if ri > 0 {
         complete_before(dev, qp, now, first);
     }
@@ -418,7 +420,8 @@ fn read_response(dev: &mut Dev, qp: &mut Qp, now: Nanos, pkt: &Packet<'_>) {
         Position::Middle => k > 0 && k + 1 < n,
         Position::Last => k > 0 && k + 1 == n,
     };
-    // Numbered within the original request, or within the resumed one (IBTA 9.7.5.2.4).
+    // Numbered within the original request, or within the resumed one (IBTA 9.4.4: a retried READ
+    // may start later).
     let pos_ok = fits(got, npkts) || fits(got - base, npkts - base);
     let len_ok = if got + 1 == npkts {
         plen == remaining
@@ -426,7 +429,7 @@ fn read_response(dev: &mut Dev, qp: &mut Qp, now: Nanos, pkt: &Packet<'_>) {
         plen == mtu
     };
     if !pos_ok || !len_ok {
-        // Malformed response (IBTA 9.7.5.2.5): bad response error.
+        // Malformed response (IBTA 9.7.5.2.5, unverified): bad response error.
         fail_wqe(dev, qp, ri, WcStatus::BadRespErr);
         return;
     }
@@ -512,7 +515,8 @@ pub(crate) fn timeout(dev: &mut Dev, qp: &mut Qp, now: Nanos) {
                 return;
             }
             if !spend_retry(qp) {
-                // IBTA 9.7.6.1.3: retries exhausted: RETRY_EXC_ERR and the QP to ERR.
+                // Retries exhausted (the retry counter, unverified; 9.7.6.1.3 is the timeout):
+                // RETRY_EXC_ERR and the QP to ERR.
                 fail_wqe(dev, qp, 0, WcStatus::RetryExcErr);
                 return;
             }

@@ -34,7 +34,7 @@ pub struct RnicConfig {
     /// Seeds keys, QPNs, initial PSNs and the addresses `reg_mr` picks (a [`KeyRng`]): a
     /// `u64` replays, [`Seed::from_os`] is for deployment.
     pub seed: Seed,
-    /// Verify the ICRC of every received packet (drop on mismatch, IBTA A17.3.3).
+    /// Verify the ICRC of every received packet (drop on mismatch, IBTA A17.3.3, A17.3.4).
     pub check_icrc: bool,
     /// Congestion control: ECN marking, the notification point, the reaction point and its
     /// parameters ([`CcConfig`]: no RP and no ECT marking by default; the NP answers CE marks).
@@ -207,13 +207,13 @@ pub struct Counters {
     /// RoCEmu: packets for an IP address that is none of the device's GIDs.
     pub rx_drop_wrong_dst_ip: u64,
     /// RoCEmu (mlx5 `rx_icrc_encapsulated`, one field, both names): packets with a bad
-    /// ICRC (IBTA A17.3.3: dropped silently).
+    /// ICRC (IBTA A17.3.4, CA17-24: dropped silently).
     pub rx_drop_bad_icrc: u64,
     /// RoCEmu: IPv4 packets with a bad header checksum.
     pub rx_drop_bad_ip_checksum: u64,
-    /// RoCEmu: packets with a BTH transport version other than 0 (IBTA 9.6.1.1).
+    /// RoCEmu: packets with a BTH transport version other than 0 (IBTA 9.6.1.1, unverified).
     pub rx_drop_bad_tver: u64,
-    /// RoCEmu: packets whose P_Key does not match the partition (IBTA 9.6.1.1).
+    /// RoCEmu: packets whose P_Key does not match the partition (C9-43; A17.4.7).
     pub rx_drop_bad_pkey: u64,
     /// RoCEmu: packets for a QP number with no live QP.
     pub rx_drop_no_qp: u64,
@@ -226,12 +226,12 @@ pub struct Counters {
     /// RoCEmu: packets to a connected QP from an address that is not its peer's (the
     /// address vector names another GID: the wrong GID index at either end).
     pub rx_drop_wrong_src: u64,
-    /// RoCEmu: datagrams with the wrong Q_Key (IBTA 10.2.4, C10-15).
+    /// RoCEmu: datagrams with the wrong Q_Key (IBTA 10.2.4, unverified).
     pub rx_drop_bad_qkey: u64,
     /// RoCEmu: UC packets out of opcode sequence (a MIDDLE or LAST with no message in
     /// progress, a FIRST or ONLY in the middle of one); RC NAKs them instead.
     pub rx_drop_opcode_seq: u64,
-    /// RoCEmu: UC packets whose payload length does not fit their position (IBTA C9-94) or
+    /// RoCEmu: UC packets whose payload length does not fit their position (IBTA C9-92) or
     /// the RDMA WRITE's length; RC NAKs them instead.
     pub rx_drop_bad_length: u64,
     /// RoCEmu: UC packets of a message already lost (to a PSN gap or an error in an
@@ -347,8 +347,8 @@ impl Dev {
         }
     }
 
-    /// The UDP source port of `qp`'s packets to `av`: rxe's choice (Annex A17.5.1.1 only asks
-    /// for a port fixed per flow).
+    /// The UDP source port of `qp`'s packets to `av`: rxe's choice (Annex A17.3.2.1 and A17.9.4
+    /// only ask for a port fixed per flow).
     pub fn sport_for(qp: &Qp, av: &AhAttr) -> u16 {
         match qp.qp_type {
             QpType::Ud => rocemu_wire::udp_sport_for_qpn(qp.qpn),

@@ -247,7 +247,8 @@ pub(crate) enum ErrCause {
     ModifyQp,
     /// A send work request failed (its completion carries the status).
     WqeFailed(WcStatus),
-    /// The responder met a class C / D error (IBTA 9.9.3.1) and NAKed the request at `psn`.
+    /// The responder met a class C / D error (IBTA 9.9.3.1, unverified) and NAKed the request at
+    /// `psn`.
     FatalNak(NakCode, Psn),
     /// A CQ of the QP went to error (IBV_EVENT_QP_FATAL).
     CqError(CqId),
@@ -264,9 +265,9 @@ impl fmt::Display for ErrCause {
     }
 }
 
-/// Entering ERR: every outstanding send and receive WQE completes with WR_FLUSH_ERR (IBTA
-/// 10.3.1.5, 11.4.2.2), signaled or not. The WQEs of a QP's SRQ are the SRQ's, not flushed:
-/// only the one the QP was filling; a QP with an SRQ raises `QpLastWqeReached` as it enters ERR.
+/// Entering ERR: every outstanding send and receive WQE completes with WR_FLUSH_ERR (IBTA 10.3.1.5,
+/// 11.4.2.2, unverified), signaled or not. The WQEs of a QP's SRQ are the SRQ's, not flushed: only
+/// the one the QP was filling; a QP with an SRQ raises `QpLastWqeReached` as it enters ERR.
 pub(crate) fn flush(dev: &mut Dev, qp: &mut Qp, why: ErrCause) {
     let entering = qp.state != QpState::Err;
     if entering {

@@ -1,11 +1,12 @@
-//! Protection domains and memory regions. A region's bytes are its `Backing`: bytes the RNIC
-//! owns (`reg_mr`: the in-process tools and tests read and write them through the verbs API), or
-//! a program's own memory (`reg_mr_foreign`, a [`ForeignMem`] that only [`crate::dma`] touches,
-//! by raw copies; the core stays safe Rust). Every byte moves through the backing's bounds-checked
-//! `read`/`write`/`atomic`, after the same checks for both kinds. Every access — local through an L_Key, remote through an R_Key — is checked for
-//! the key, the protection domain, the permission and the bounds before a byte moves
-//! (IBTA 10.6.3, 9.4.4.3). Keys are drawn from the device's ChaCha20 generator ([`KeyRng`]): not guessable
-//! from each other (ReDMArk's first attack was predictable R_Keys).
+//! Protection domains and memory regions. A region's bytes are its `Backing`: bytes the RNIC owns
+//! (`reg_mr`: the in-process tools and tests read and write them through the verbs API), or a
+//! program's own memory (`reg_mr_foreign`, a [`ForeignMem`] that only [`crate::dma`] touches, by
+//! raw copies; the core stays safe Rust). Every byte moves through the backing's bounds-checked
+//! `read`/`write`/`atomic`, after the same checks for both kinds. Every access — local through an
+//! L_Key, remote through an R_Key — is checked for the key, the protection domain, the permission
+//! and the bounds before a byte moves (IBTA 10.6.3 and 9.4.4.3, unverified; 9.7.4.1.5 in 1.5 for
+//! the responder's R_Key checks). Keys are drawn from the device's ChaCha20 generator ([`KeyRng`]):
+//! not guessable from each other (ReDMArk's first attack was predictable R_Keys).
 use super::slots::GenSlots;
 use super::verbs::{Access, PdId, Sge, WcStatus};
 use crate::dma::ForeignMem;
@@ -71,7 +72,7 @@ fn foreign_write(f: &ForeignMem, off: usize, data: &[u8]) -> bool {
     f.write_at(off as u64, data).is_ok()
 }
 
-/// An 8-byte atomic operation on a region's word (IBTA 9.4.5).
+/// An 8-byte atomic operation on a region's word (IBTA 9.4.5, unverified).
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum AtomicOp {
     CompareSwap { compare: u64, swap: u64 },
@@ -344,7 +345,7 @@ impl MemTable {
 
     /// Checks a remote access of `len` bytes at `va` through `rkey` from a QP of `pd` wanting
     /// `need`; returns the region's index and the offset of `va` in it. A zero-length access
-    /// checks nothing (IBTA 9.4.4.3: the R_Key of a zero-length RDMA is not validated).
+    /// checks nothing (C9-88, 9.7.4.1.5 in 1.5: the R_Key of a zero-length RDMA is not validated).
     pub fn check_remote(
         &self,
         pd: PdId,
@@ -366,7 +367,8 @@ impl MemTable {
         Ok((i, start as usize))
     }
 
-    /// Invalidates the R_Key `rkey` of a region in `pd` (IBTA 10.6.6 remote invalidate).
+    /// Invalidates the R_Key `rkey` of a region in `pd` (IBTA 10.6.6 remote invalidate,
+    /// unverified).
     pub fn invalidate_rkey(&mut self, pd: PdId, rkey: u32) -> bool {
         let Some(i) = self.rkey_index(rkey) else {
             return false;

@@ -1,9 +1,10 @@
 //! The verbs that make and unmake objects — protection domains, memory regions, queue pairs
 //! (QP1 among them) — the QP table's lookup by QPN, and the queries on a QP.
 //!
-//! Invariants: a PD is not deallocated while an MR, a QP or an SRQ of it lives (EBUSY); a QP is found through its QPN only when the QP in the slot carries that very QPN
-//! (a destroyed QP's QPN reaches nothing, [`super::qpn`]); at most `max_qp` QPs live at once and
-//! one QP1; an MR's access flags obey IBTA 10.6.3.1 (remote write or atomic needs local write).
+//! Invariants: a PD is not deallocated while an MR, a QP or an SRQ of it lives (EBUSY); a QP is
+//! found through its QPN only when the QP in the slot carries that very QPN (a destroyed QP's QPN
+//! reaches nothing, [`super::qpn`]); at most `max_qp` QPs live at once and one QP1; an MR's access
+//! flags obey IBTA 10.6.3.1 (unverified; remote write or atomic needs local write).
 use super::mr::{Backing, MrInfo};
 use super::qp::Qp;
 use super::verbs::*;
@@ -113,7 +114,7 @@ impl Rnic {
         if addr.checked_add(length as u64).is_none() {
             return invalid("MR wraps the address space");
         }
-        // IBTA 10.6.3.1: remote write or atomic access needs local write.
+        // IBTA 10.6.3.1 (unverified): remote write or atomic access needs local write.
         if (access.contains(Access::REMOTE_WRITE) || access.contains(Access::REMOTE_ATOMIC))
             && !access.contains(Access::LOCAL_WRITE)
         {
@@ -184,7 +185,8 @@ impl Rnic {
         }
     }
 
-    /// `ibv_create_qp`. The QPN looks random (never 0 or 1, which are reserved); see the `rnic::qpn` module.
+    /// `ibv_create_qp`. The QPN looks random (never 0 or 1, which are reserved); see the
+    /// `rnic::qpn` module.
     pub fn create_qp(&mut self, pd: PdId, init: QpInitAttr) -> Result<Qpn, VerbsError> {
         self.check_qp_init(pd, &init)?;
         self.insert_qp(pd, &init, None)
@@ -241,9 +243,9 @@ impl Rnic {
         self.modify_qp(qpn, &a, M::STATE | M::SQ_PSN)
     }
 
-    /// QP1, the general services interface (IBTA 13.5.1): a UD QP where management datagrams
-    /// arrive (the IB CM's, for `rdma_cm`). Its Q_Key is the well-known 0x80010000, set as any UD
-    /// QP's at INIT. One per device.
+    /// QP1, the general services interface (IBTA 13.5.1, unverified): a UD QP where management
+    /// datagrams arrive (the IB CM's, for `rdma_cm`). Its Q_Key is the well-known 0x80010000, set
+    /// as any UD QP's at INIT. One per device.
     pub fn create_gsi_qp(&mut self, pd: PdId, init: QpInitAttr) -> Result<Qpn, VerbsError> {
         if init.qp_type != QpType::Ud {
             return invalid("QP1 is a UD QP");

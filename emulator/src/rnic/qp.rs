@@ -20,7 +20,7 @@ pub(crate) struct SendWqe {
     /// For READ: response packets received in order; for atomics: 1 once answered.
     pub resp_pkts: u32,
     /// For READ: the response index the last (re)request started at; responses to a resumed
-    /// read start again at FIRST (IBTA 9.7.5.2.4).
+    /// read start again at FIRST (IBTA 9.4.4: a retried READ need not start where the first did).
     pub read_base: u32,
     /// Counted against max_rd_atomic.
     pub rd_counted: bool,
@@ -206,7 +206,8 @@ pub(crate) struct RecvWqe {
     pub len: u64,
 }
 
-/// What the responder is in the middle of (IBTA 9.7.5.1.3: opcode sequence checks).
+/// What the responder is in the middle of (IBTA 9.7.4.1 in 1.5; C9-91 unverified: opcode sequence
+/// checks).
 #[derive(Debug, Clone)]
 pub(crate) enum RespMsg {
     Idle,
@@ -222,12 +223,13 @@ pub(crate) enum RespMsg {
         remaining: u64,
         total: u64,
     },
-    /// UC only: a PSN gap hit this message; drop until the next FIRST or ONLY (IBTA 9.8.3).
+    /// UC only: a PSN gap hit this message; drop until the next FIRST or ONLY (IBTA 9.8.2.2,
+    /// unverified).
     Drop,
 }
 
 /// A read or atomic the responder accepted, kept for responses and duplicate replays
-/// (IBTA 9.7.5.1.4, "responder resources").
+/// (IBTA 9.7.5.1.4, unverified, "responder resources").
 #[derive(Debug, Clone)]
 pub(crate) enum Resource {
     Read {
@@ -473,7 +475,8 @@ impl Qp {
         2 * self.attr.max_dest_rd_atomic.max(1) as usize + 1
     }
 
-    /// The local ACK timeout (IBTA 9.7.6.1.3): 4.096 µs × 2^timeout, none for 0.
+    /// The local ACK timeout (IBTA 9.7.6.1.3 in 1.2.1, as pib numbers its table): 4.096 µs ×
+    /// 2^timeout, none for 0.
     pub fn ack_timeout(&self) -> Option<Nanos> {
         match self.attr.timeout {
             0 => None,

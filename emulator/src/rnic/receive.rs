@@ -34,7 +34,7 @@ impl Rnic {
         let len = frame.len();
         match rocemu_wire::parse_frame_in_place(frame) {
             Err(_) => self.dev.counters.rx_drop_malformed += 1,
-            // IBTA A17.3.3 / 9.6.1: ICRC errors are dropped silently.
+            // IBTA A17.3.3 / A17.3.4 (CA17-24): ICRC errors are dropped silently.
             Ok((_, false)) => self.dev.counters.rx_drop_bad_icrc += 1,
             Ok((pkt, true)) => self.receive_parsed(now, &pkt, len, false),
         }
@@ -62,7 +62,7 @@ impl Rnic {
             return;
         }
         if check_icrc && !pkt.icrc_ok() {
-            // IBTA A17.3.3 / 9.6.1: ICRC errors are dropped silently.
+            // IBTA A17.3.3 / A17.3.4 (CA17-24): ICRC errors are dropped silently.
             c.rx_drop_bad_icrc += 1;
             return;
         }
@@ -75,7 +75,8 @@ impl Rnic {
         if ce {
             c.np_ecn_marked_roce_packets += 1;
         }
-        // IBTA 9.6.1.1: transport version must be 0; the P_Key must match the QP's partition.
+        // IBTA 9.6.1.1 (unverified): transport version must be 0; the P_Key must match the QP's
+        // partition (C9-43, as pib numbers it; A17.4.7).
         if pkt.bth.tver != 0 {
             c.rx_drop_bad_tver += 1;
             return;
@@ -101,7 +102,7 @@ impl Rnic {
         let info = pkt.bth.opcode.info();
         let is_response = info.is_response();
         // A requester takes responses in RTS (and SQD, still completing); a responder takes
-        // requests from RTR on (IBTA 10.3.1); in ERR, nothing.
+        // requests from RTR on (IBTA 10.3.1, unverified); in ERR, nothing.
         let state_ok = if is_response {
             matches!(qp.state, QpState::Rts | QpState::Sqd)
         } else {
@@ -120,7 +121,7 @@ impl Rnic {
             return;
         }
         if qp.qp_type == QpType::Ud {
-            // IBTA 10.2.4 (C10-15): the Q_Key must match; otherwise the datagram is dropped
+            // IBTA 10.2.4 (unverified): the Q_Key must match; otherwise the datagram is dropped
             // silently (rxe's check_keys, before it counts the packet).
             match pkt.ext.deth {
                 None => {

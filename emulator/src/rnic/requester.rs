@@ -1,5 +1,5 @@
-//! The requester (IBTA 9.5–9.7.4): WQE fetch, segmentation by path MTU, header build, PSN
-//! assignment, AckReq, the max_rd_atomic limit and fences. One packet per call, so the device
+//! The requester (IBTA 9.5–9.7.4, unverified): WQE fetch, segmentation by path MTU, header build,
+//! PSN assignment, AckReq, the max_rd_atomic limit and fences. One packet per call, so the device
 //! can interleave QPs.
 use super::qp::{Qp, SendWqe};
 use super::verbs::*;
@@ -13,7 +13,8 @@ use rocemu_wire::{BthRepr, ExtHeaders, Opcode, PKey, QKey, RKey};
 
 /// Requests an ACK at least this often within a long message (rxe: RXE_MAX_PKT_PER_ACK).
 const MAX_PKTS_PER_ACK: u32 = 64;
-/// PSNs in flight at most (IBTA 9.7.4.1.2 bounds it by 2^23; this keeps go-back-N cheap).
+/// PSNs in flight at most (IBTA 9.7.4.1.2, unverified, bounds it by 2^23; this keeps go-back-N
+/// cheap).
 pub(crate) const MAX_INFLIGHT_PSNS: u32 = 8192;
 
 /// The completion of a send WQE.
@@ -72,7 +73,7 @@ pub(crate) fn count_flushed_send(dev: &mut Dev, w: &SendWqe) {
 /// Fails WQE `i` with `status` on an answer from the responder (a NAK, a bad or undeliverable
 /// response, retries exhausted): the answer acknowledges every WQE before `i`, which complete;
 /// it and everything after it complete in error and the QP enters ERR (RC), or SQE (UC, UD:
-/// IBTA 10.3.1.6).
+/// IBTA 10.3.1.6, unverified).
 pub(crate) fn fail_wqe(dev: &mut Dev, qp: &mut Qp, i: usize, status: WcStatus) {
     fail(dev, qp, i, status, true);
 }
@@ -210,8 +211,8 @@ pub(crate) fn produce(dev: &mut Dev, qp: &mut Qp, now: Nanos, buf: &mut [u8]) ->
         w.npkts = npkts;
         w.started = true;
     }
-    // The window (IBTA 9.7.4.1.2 caps it at 2^23; the congestion window is smaller): at
-    // least one packet may always be outstanding.
+    // The window (IBTA 9.7.4.1.2, unverified, caps it at 2^23; the congestion window is smaller):
+    // at least one packet may always be outstanding.
     if qp.qp_type == QpType::Rc {
         let inflight = if qp.req_psn.is_before(qp.acked_psn) {
             0
@@ -353,7 +354,8 @@ fn request_headers(wr: &SendWr, info: &OpcodeInfo, len: u64, offset: u64) -> Ext
             });
         }
         WrOpcode::RdmaRead { remote_addr, rkey } => {
-            // Resuming mid-read (go-back-N, IBTA 9.7.5.2.4): ask for the rest only.
+            // Resuming mid-read (go-back-N; IBTA 9.4.4: a retried READ need not start at the same
+            // address): ask for the rest only.
             ext.reth = Some(RethRepr {
                 va: remote_addr.wrapping_add(offset),
                 rkey: RKey(rkey),
@@ -400,8 +402,8 @@ fn request_headers(wr: &SendWr, info: &OpcodeInfo, len: u64, offset: u64) -> Ext
     ext
 }
 
-/// A UD request's DETH and destination QP, from its work request (IBTA 10.2.4.1), and the
-/// address vector and MAC it goes to: `None` when no MAC is known for the destination.
+/// A UD request's DETH and destination QP, from its work request (IBTA 10.2.4.1, unverified), and
+/// the address vector and MAC it goes to: `None` when no MAC is known for the destination.
 #[inline]
 fn ud_headers(
     dev: &Dev,
@@ -415,7 +417,8 @@ fn ud_headers(
         remote_qpn: qp.qpn,
         remote_qkey: QKey(0),
     });
-    // IBTA 10.2.4.1: a Q_Key with the high bit set in the WR means "use the QP's".
+    // A Q_Key with the high bit set in the WR means "use the QP's" (IBTA 3.5.3 in 1.2.1, as
+    // pib cites it; C10-15 per issue 20, unverified).
     let qkey = if d.remote_qkey.is_controlled() {
         qp.attr.qkey
     } else {
@@ -460,7 +463,8 @@ fn advance(dev: &mut Dev, qp: &mut Qp, idx: usize, now: Nanos, k: u32, is_read: 
                     qp.rd_outstanding += 1;
                 }
             }
-            // UC and UD complete as soon as the last packet left (IBTA 9.8.4, 9.8.2).
+            // UC and UD complete as soon as the last packet left (IBTA 9.8.2 and 9.8.3, unverified;
+            // 9.8.4 is raw datagrams, A17.4.6).
             _ => complete_front(dev, qp),
         }
     }

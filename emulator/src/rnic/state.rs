@@ -1,6 +1,6 @@
-//! The QP state machine of IBTA 10.3 and `ibv_modify_qp`'s attribute rules: which transitions
-//! exist, and for each QP type which attributes a transition requires and which it allows (the
-//! table rdma-core and the kernel's `ib_modify_qp_is_ok` enforce).
+//! The QP state machine of IBTA 10.3 (unverified) and `ibv_modify_qp`'s attribute rules: which
+//! transitions exist, and for each QP type which attributes a transition requires and which it
+//! allows (the table rdma-core and the kernel's `ib_modify_qp_is_ok` enforce).
 use super::verbs::{QpAttrMask as M, QpState as S, QpType as T, VerbsError};
 
 struct Rule {
@@ -145,7 +145,8 @@ fn rule(cur: S, new: S) -> Option<Rule> {
                 ]),
             ],
         ),
-        // SQE exists for UD and UC only (IBTA 10.3.1.6); RC send errors go straight to ERR.
+        // SQE exists for UD and UC only (IBTA 10.3.1.6, unverified); RC send errors go straight to
+        // ERR.
         (S::Sqe, S::Rts) => r(
             [NONE; 3],
             [

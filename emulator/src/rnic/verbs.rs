@@ -40,7 +40,7 @@ pub enum QpType {
     Ud,
 }
 
-/// `ibv_qp_state` (IBTA 10.3.1).
+/// `ibv_qp_state` (IBTA 10.3.1, unverified).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum QpState {
     Reset,
@@ -252,7 +252,8 @@ pub struct QpAttr {
     pub retry_cnt: u8,
     /// 7 = retry forever.
     pub rnr_retry: u8,
-    /// The RNR NAK timer code this QP's responder sends (IBTA table 45).
+    /// The RNR NAK timer code this QP's responder sends (IBTA Table 45, "Encoding for RNR NAK Timer
+    /// Field", as Linux's cma.c names it).
     pub min_rnr_timer: u8,
     /// Reads and atomics this QP may have outstanding as requester.
     pub max_rd_atomic: u8,
@@ -476,7 +477,8 @@ impl WrOpcode {
 pub struct UdDest {
     pub ah: AhAttr,
     pub remote_qpn: Qpn,
-    /// When its high bit is set, the QP's own Q_Key is sent instead (IBTA 10.2.4.1).
+    /// When its high bit is set, the QP's own Q_Key is sent instead (IBTA 3.5.3 in 1.2.1, as pib
+    /// cites it; C10-15 per issue 20, unverified).
     pub remote_qkey: QKey,
 }
 

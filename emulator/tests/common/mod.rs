@@ -592,7 +592,7 @@ pub fn rnr(timer: u8) -> u8 {
     0x20 | timer
 }
 
-/// The local ACK timeout 4.096 µs × 2^t (IBTA 9.7.6.1.3).
+/// The local ACK timeout 4.096 µs × 2^t (IBTA 9.7.6.1.3, as pib numbers it).
 pub fn ack_timeout(t: u8) -> Nanos {
     Nanos(4096u64 << t)
 }

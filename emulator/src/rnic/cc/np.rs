@@ -10,13 +10,13 @@
 //! fabric simulator's switch model.)
 //!
 //! The CNP is the ConnectX one of the project's capture `wire/tests/data/cx4lx_cnp.pcap`
-//! (ConnectX-4 Lx, from Scapy's tests; see its `PROVENANCE.md`): BTH opcode 0x81, BECN set,
-//! P_Key 0xFFFF, the destination QP the one being throttled, PSN 0, A=0, 16 reserved zero
-//! bytes, the ICRC; IPv4 DF set with the CNP DSCP (`cnp_dscp`, 48 there) and ECN ECT(0); UDP
-//! source port 0 and checksum 0 in that capture. The 802.1p priority (`cnp_802p_prio`, 6 by
-//! default) is in the 802.1Q tag when the CNP goes out on a VLAN; the capture has no tag, so
-//! that field is unverified against ConnectX. Annex A17.9.2 (the CNP format) is not quoted
-//! here: the capture is the reference.
+//! (ConnectX-4 Lx, from Scapy's tests; see its `PROVENANCE.md`): BTH opcode 0x81, BECN set, P_Key
+//! 0xFFFF, the destination QP the one being throttled, PSN 0, A=0, 16 reserved zero bytes, the
+//! ICRC; IPv4 DF set with the CNP DSCP (`cnp_dscp`, 48 there) and ECN ECT(0); UDP source port 0 and
+//! checksum 0 in that capture. The 802.1p priority (`cnp_802p_prio`, 6 by default) is in the 802.1Q
+//! tag when the CNP goes out on a VLAN; the capture has no tag, so that field is unverified against
+//! ConnectX. Annex A17.9.3 (the CNP format, Figure 6) is not quoted here: the capture is the
+//! reference.
 use crate::time::Nanos;
 use core::net::IpAddr;
 use rocemu_wire::eth::{EthernetRepr, Mac, VlanTag};

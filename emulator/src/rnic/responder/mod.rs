@@ -1,6 +1,6 @@
-//! The responder (IBTA 9.7.5.1, 9.8.3 for UC, 9.8.2 and 10.2.4 for UD): PSN checks, opcode
-//! sequence checks, receive queue consumption, RDMA WRITE / READ / ATOMIC with R_Key,
-//! permission, bounds and alignment checks, duplicates (re-ACK, read re-execution, atomic
+//! The responder (IBTA 9.7.4.1 in 1.5; UC 9.8.2.2, UD 9.8.3 and 10.2.4, all three unverified): PSN
+//! checks, opcode sequence checks, receive queue consumption, RDMA WRITE / READ / ATOMIC with
+//! R_Key, permission, bounds and alignment checks, duplicates (re-ACK, read re-execution, atomic
 //! replay), NAKs and the QP behaviour each implies, RNR NAK, ACK coalescing, the MSN.
 //!
 //! Invariant: what a QP owes the wire (`resp_out`) is bounded by its response slots
@@ -48,8 +48,8 @@ pub(crate) fn handle(dev: &mut Dev, qp: &mut Qp, now: Nanos, pkt: &Packet<'_>) {
     }
 }
 
-/// Opcode sequence (IBTA 9.7.5.1.3, C9-91; 9.8.3 for UC): a MIDDLE or LAST continues the
-/// message in progress, anything else needs none in progress.
+/// Opcode sequence (IBTA 9.7.4.1 in 1.5; C9-91 and, for UC, 9.8.2.2 unverified): a MIDDLE or LAST
+/// continues the message in progress, anything else needs none in progress.
 pub(super) fn in_sequence(msg: &RespMsg, info: &OpcodeInfo) -> bool {
     let in_send = matches!(msg, RespMsg::Send { .. });
     let in_write = matches!(msg, RespMsg::Write { .. });
@@ -60,8 +60,8 @@ pub(super) fn in_sequence(msg: &RespMsg, info: &OpcodeInfo) -> bool {
     }
 }
 
-/// Packet lengths (IBTA 9.7.5.1.3, C9-94): FIRST and MIDDLE carry exactly one path MTU, LAST
-/// 1 … MTU bytes, ONLY at most the MTU.
+/// Packet lengths (IBTA 9.7.4.1.6 in 1.5, C9-92 as rxe numbers it): FIRST and MIDDLE carry exactly
+/// one path MTU, LAST 1 … MTU bytes, ONLY at most the MTU.
 pub(super) fn length_ok(info: &OpcodeInfo, plen: u64, mtu: u64) -> bool {
     match info.position {
         Position::First | Position::Middle => plen == mtu,
@@ -89,7 +89,7 @@ pub(super) fn write_cursor(msg: &RespMsg, pkt: &Packet<'_>) -> Option<(u32, u64,
     }
 }
 
-/// The payload must fit the RETH length, and the last packet must finish it (C9-95).
+/// The payload must fit the RETH length, and the last packet must finish it (C9-95, unverified).
 pub(super) fn write_fits(info: &OpcodeInfo, plen: u64, remaining: u64) -> bool {
     plen <= remaining && (!info.position.is_last() || plen == remaining)
 }

@@ -1,6 +1,6 @@
-//! The RC responder (IBTA 9.7.5.1): PSN and opcode-sequence checks, receive queue consumption,
-//! RDMA WRITE / READ / ATOMIC with their R_Key, permission, bounds and alignment checks, and the
-//! duplicates (re-ACK, read re-execution, atomic replay).
+//! The RC responder (IBTA 9.7.4.1 in 1.5): PSN and opcode-sequence checks, receive queue
+//! consumption, RDMA WRITE / READ / ATOMIC with their R_Key, permission, bounds and alignment
+//! checks, and the duplicates (re-ACK, read re-execution, atomic replay).
 //!
 //! Invariants: a request is executed once — its duplicate is answered from the responder's
 //! resources, never executed again (an atomic is replayed from its saved result); a new read or
@@ -21,7 +21,7 @@ pub(super) fn rc_receive(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
     let psn = pkt.bth.psn;
     let d = psn.diff(qp.epsn);
     if d > 0 {
-        // A gap: NAK once per sequence error (IBTA 9.7.5.1.2, C9-112), then drop silently
+        // A gap: NAK once per sequence error (C9-112, unverified), then drop silently
         // until the expected PSN shows up.
         dev.counters.out_of_sequence += 1;
         qp.counters.out_of_sequence += 1;
@@ -100,7 +100,8 @@ pub(super) fn rc_receive(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
     }
 }
 
-/// Takes the receive WQE a new message needs, or RNR-NAKs (IBTA 9.7.5.2.8) and returns None.
+/// Takes the receive WQE a new message needs, or RNR-NAKs (IBTA 9.7.5.2.8, unverified) and returns
+/// None.
 fn take_recv(dev: &mut Dev, qp: &mut Qp, psn: Psn) -> Option<RecvWqe> {
     match dev.next_recv(qp) {
         Some(w) => Some(w),
@@ -130,7 +131,7 @@ fn rc_send(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) -> bool {
     };
     if wqe.len < offset + pkt.payload.len() as u64 {
         // The message is longer than the receive buffer: invalid request NAK, local length
-        // error on the receive (IBTA 9.7.5.1.6, C9-140).
+        // error on the receive (IBTA 9.7.5.1.6, unverified).
         qp.resp_msg = RespMsg::Send { wqe, offset };
         fatal(
             dev,
@@ -170,7 +171,8 @@ fn rc_send(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) -> bool {
     }
     if let Some(k) = pkt.ext.ieth {
         if !dev.mem.invalidate_rkey(qp.pd, k.0) {
-            // IBTA 10.6.6.2: an R_Key that cannot be invalidated is an invalid request.
+            // IBTA 10.6.6.2 (unverified): an R_Key that cannot be invalidated is an invalid
+            // request.
             qp.resp_msg = RespMsg::Send { wqe, offset };
             fatal(
                 dev,
@@ -215,7 +217,7 @@ fn rc_write(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) -> bool {
         }
     }
     if plen > 0 || (info.position.is_first() && total > 0) {
-        // IBTA 9.4.4.3 (C9-88): R_Key, protection domain, permission and bounds; a zero-length
+        // IBTA 9.7.4.1.5 in 1.5: R_Key, protection domain, permission and bounds; a zero-length
         // transfer checks nothing.
         let check_len = write_check_len(info, plen, total);
         match dev
@@ -253,7 +255,7 @@ fn trim_resources(qp: &mut Qp, keep: usize) {
     // requester completes reads in order and only sends a new one with fewer than its
     // max_rd_atomic outstanding, so the oldest replays are ones it no longer waits for (rxe
     // recycles its oldest resource the same way); an original request still being answered is
-    // never dropped, so a requester that really exceeds the limit is NAKed (C9-150).
+    // never dropped, so a requester that really exceeds the limit is NAKed (C9-150, unverified).
     let finished = |r: &Resource| match r {
         Resource::Read { next, npkts, .. } => next >= npkts,
         Resource::Atomic { .. } => true,
@@ -334,8 +336,8 @@ fn rc_atomic(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
         return;
     }
     if a.va % 8 != 0 {
-        // IBTA 9.4.5 (C9-68): atomics need 8-byte alignment; a misaligned one is an invalid
-        // request.
+        // IBTA 9.4.5 (C9-68), unverified: atomics need 8-byte alignment; a misaligned one is an
+        // invalid request.
         fatal(dev, qp, psn, NakCode::InvalidRequest, None);
         return;
     }
@@ -374,12 +376,13 @@ fn rc_atomic(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
     qp.epsn = psn.next();
 }
 
-/// A request whose PSN is before the expected one (IBTA 9.7.5.1.2, C9-104 … C9-111).
+/// A request whose PSN is before the expected one (C9-104 … C9-111, unverified but for C9-105).
 fn duplicate(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
     dev.counters.duplicate_request += 1;
     qp.counters.duplicate_request += 1;
     let psn = pkt.bth.psn;
-    // Too old to be a retransmission: drop (IBTA: duplicates lie within the 2^23 window).
+    // Too old to be a retransmission: drop (duplicates lie within the 2^23 window; no section
+    // checked).
     let info = pkt.bth.opcode.info();
     match info.operation {
         Operation::Send | Operation::RdmaWrite => {
@@ -391,7 +394,7 @@ fn duplicate(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
         }
         Operation::RdmaReadRequest => {
             let Some(reth) = pkt.ext.reth else { return };
-            // Re-execute from the requested PSN, possibly mid-message (C9-106).
+            // Re-execute from the requested PSN, possibly mid-message (C9-106, unverified).
             let pos = qp.resources.iter().position(|r| match r {
                 Resource::Read {
                     first_psn, npkts, ..
@@ -444,7 +447,7 @@ fn duplicate(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
             }
         }
         Operation::CompareSwap | Operation::FetchAdd => {
-            // Answered from the replay cache, never applied twice (C9-107).
+            // Answered from the replay cache, never applied twice (C9-107, unverified).
             let hit = qp.resources.iter().find_map(|r| match r {
                 Resource::Atomic { psn: p, orig, msn } if *p == psn => Some((*orig, *msn)),
                 _ => None,

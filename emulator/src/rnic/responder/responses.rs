@@ -95,8 +95,8 @@ pub(super) fn room_for_response(dev: &mut Dev, qp: &Qp) -> bool {
     false
 }
 
-/// A class C / D error (IBTA 9.9.3.1): NAK, complete the receive in progress with `status`,
-/// and move the QP to ERR.
+/// A class C / D error (IBTA 9.9.3.1, unverified): NAK, complete the receive in progress with
+/// `status`, and move the QP to ERR.
 pub(super) fn fatal(
     dev: &mut Dev,
     qp: &mut Qp,

@@ -1,4 +1,5 @@
-//! The UC responder (IBTA 9.8.3): no ACKs, no NAKs, no retries.
+//! The UC responder (IBTA 9.8.2.2.x, unverified: issue 20's number; not 9.8.3): no ACKs, no NAKs,
+//! no retries.
 //!
 //! Invariants: nothing is ever sent back; a message cut by a PSN gap or an opcode out of
 //! sequence is dropped and its receive WQE goes back to the head of the queue ([`abandon_uc`]),
@@ -17,7 +18,8 @@ pub(super) fn uc_receive(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
     let psn = pkt.bth.psn;
     let info = pkt.bth.opcode.info();
     if psn != qp.epsn {
-        // IBTA 9.8.3.1: a PSN gap loses the message in progress; the receive WQE is reused.
+        // IBTA 9.8.2.2 (unverified): a PSN gap loses the message in progress; the receive WQE is
+        // reused.
         dev.counters.out_of_sequence += 1;
         qp.counters.out_of_sequence += 1;
         abandon_uc(dev, qp);
@@ -68,7 +70,7 @@ pub(super) fn uc_receive(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
                 },
             };
             // Too long or a bad buffer (its region may have been deregistered since it was
-            // posted): the receive completes in error (IBTA 9.8.3.2), LOC_LEN_ERR or
+            // posted): the receive completes in error (IBTA 9.8.2.2, unverified), LOC_LEN_ERR or
             // LOC_PROT_ERR.
             let landed = if wqe.len < offset + plen {
                 Err(WcStatus::LocLenErr)
@@ -124,7 +126,7 @@ pub(super) fn uc_receive(dev: &mut Dev, qp: &mut Qp, pkt: &Packet<'_>) {
                 None
             };
             let (Some((mr, off)), true) = (target, fits) else {
-                // UC errors drop the message silently (IBTA 9.8.3.2).
+                // UC errors drop the message silently (IBTA 9.8.2.2, unverified).
                 if fits {
                     dev.counters.resp_remote_access_errors += 1;
                 } else {

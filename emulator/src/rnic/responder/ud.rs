@@ -1,5 +1,5 @@
-//! The UD responder (IBTA 9.8.2, 10.2.4): one packet, one message, with its 40-byte GRH area
-//! in front of the payload.
+//! The UD responder (IBTA 9.8.3 and 10.2.4, unverified; A17.4.5.2 for the GRH area): one packet,
+//! one message, with its 40-byte GRH area in front of the payload.
 //!
 //! Invariant: a datagram with the wrong Q_Key or in a QP not yet in RTR (both checked on
 //! receipt), or with no receive posted (`out_of_buffer`), is dropped silently and counted; one
