@@ -39,7 +39,8 @@ pub struct Args {
     /// Where report.json, junit.xml, matrix.md and pcap/ go.
     #[arg(long)]
     out: Option<PathBuf>,
-    /// Print the catalogue with its citations and exit.
+    /// Print the catalogue with its citations (release, and the source that confirms each, or
+    /// "unverified") and exit.
     #[arg(long)]
     list: bool,
     /// Print a Markdown matrix of earlier runs side by side (their report.json files) and exit.

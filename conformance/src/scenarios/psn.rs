@@ -36,7 +36,7 @@ pub const SCENARIOS: &[Scenario] = &[
     Scenario {
         id: "psn.dup.atomic-replayed-not-reapplied",
         title: "A duplicate FETCH_ADD returns the saved original value and is not applied twice",
-        cites: &[cite::DUP_ATOMIC, cite::ATOMICS],
+        cites: &[cite::DUP_ATOMIC, cite::ATOMIC_ACK_ETH, cite::ATOMICS],
         run: dup_atomic,
     },
     Scenario {

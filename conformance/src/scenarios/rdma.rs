@@ -50,7 +50,7 @@ pub const SCENARIOS: &[Scenario] = &[
     Scenario {
         id: "rdma.atomic.misaligned-nak",
         title: "A FETCH_ADD at an address that is not 8-byte aligned is NAKed invalid request; memory untouched",
-        cites: &[cite::ATOMIC_ALIGN, cite::ATOMICS],
+        cites: &[cite::ATOMIC_ALIGN, cite::ATOMIC_ETH, cite::ATOMICS],
         run: atomic_misaligned,
     },
     Scenario {
