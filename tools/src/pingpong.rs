@@ -52,7 +52,7 @@ pub enum ImmOp {
 
 /// `ibv_ud_pingpong`'s Q_Key.
 pub const UD_PINGPONG_QKEY: u32 = 0x1111_1111;
-/// Room for the GRH at the front of every UD receive buffer (IBTA 11.4.1.1).
+/// Room for the GRH at the front of every UD receive buffer (IBTA 11.4.1.2; Annex A17.4.5.2).
 const GRH: usize = 40;
 
 /// What a pingpong did.

@@ -89,7 +89,8 @@ pub enum Trigger {
     Nak,
     /// An RNR NAK: the wait it asked for is over.
     Rnr,
-    /// A response that left a READ or atomic unanswered (IBTA 9.7.5.2.2), or skipped PSNs.
+    /// A response that left a READ or atomic unanswered (IBTA 9.7.5.2.2, unverified), or skipped
+    /// PSNs.
     ImpliedNak,
     /// Nothing came back for the ACK timeout.
     Timeout,

@@ -676,8 +676,8 @@ pub(crate) fn server_ip(name: &str, port: u16, ipv4_only: bool) -> Result<IpAddr
         .ok_or_else(|| format!("{name}: no {}address", if ipv4_only { "IPv4 " } else { "" }))
 }
 
-/// What the passive side settles from a REQ: the smaller MTU, and reads/atomics no deeper than
-/// the active side offers (IBTA 12.7.31: responder resources ≤ the REQ's initiator depth).
+/// What the passive side settles from a REQ: the smaller MTU, and reads/atomics no deeper than the
+/// active side offers (IBTA 12.7.31, unverified: responder resources ≤ the REQ's initiator depth).
 fn accepted(me: &RcSide, req: &ReqRepr) -> RcSide {
     let mtu = if (1..=5).contains(&req.path_mtu) {
         req.path_mtu.min(me.path_mtu)
