@@ -1,5 +1,7 @@
-//! A [`Port`] on any Linux interface through a packet socket (AF_PACKET, SOCK_RAW), batched with
-//! `recvmmsg` / `sendmmsg`: one system call moves a burst.
+//! A [`Port`] on any Linux interface through a packet socket (AF_PACKET, SOCK_RAW), with the
+//! socket's memory-mapped rings (module `ring`: frames are read and written in place, and a
+//! burst costs one system call, on transmit). Where the rings cannot be set up, or with
+//! `ROCEMU_AF_PACKET=mmsg`, it moves bursts with `recvmmsg` / `sendmmsg` on buffers of its own.
 //!
 //! The kernel keeps its own view of the interface, and two of its habits matter to a RoCE
 //! endpoint that shares the interface (and maybe its IP address) with it:
@@ -27,6 +29,8 @@ use std::ffi::CString;
 use std::io;
 use std::net::IpAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+mod ring;
 
 // From <linux/if_packet.h>; not all are in the libc crate.
 const PACKET_QDISC_BYPASS: libc::c_int = 20;
@@ -209,6 +213,23 @@ pub struct AfPacketPort {
     mac: Mac,
     mtu: usize,
     cap: usize,
+    io: Io,
+    stats: PortStats,
+}
+
+/// How frames move between the socket and us.
+#[derive(Debug)]
+enum Io {
+    /// The memory-mapped rings (the default).
+    Rings(ring::Rings),
+    /// `recvmmsg` / `sendmmsg` on our own buffers: where the rings cannot be set up, or with
+    /// `ROCEMU_AF_PACKET=mmsg` (to compare).
+    Mmsg(Mmsg),
+}
+
+/// The buffers of the system-call path.
+#[derive(Debug)]
+struct Mmsg {
     /// Receive buffers, one per frame of a burst.
     rx_bufs: Vec<Vec<u8>>,
     /// Transmit buffers; `tx_len[i]` bytes of `tx_bufs[i]` are a frame.
@@ -217,7 +238,18 @@ pub struct AfPacketPort {
     /// Frames `tx_bufs[tx_head..tx_count]` are built but not yet accepted by the kernel.
     tx_head: usize,
     tx_count: usize,
-    stats: PortStats,
+}
+
+/// Which path `ROCEMU_AF_PACKET` asks for: `mmsg`, or the rings (unset or `ring`).
+fn want_rings() -> Result<bool, String> {
+    match std::env::var("ROCEMU_AF_PACKET") {
+        Err(_) => Ok(true),
+        Ok(v) if v == "ring" || v.is_empty() => Ok(true),
+        Ok(v) if v == "mmsg" => Ok(false),
+        Ok(v) => Err(format!(
+            "ROCEMU_AF_PACKET={v}: give ring (memory-mapped rings, the default) or mmsg"
+        )),
+    }
 }
 
 fn os_err(what: &str, ifname: &str) -> PortError {
@@ -413,24 +445,56 @@ impl AfPacketPort {
         let mtu = unsafe { ifr.ifr_ifru.ifru_mtu }.max(68) as usize;
         // Ethernet header, an 802.1Q tag and slack for offloads that hand up a little more.
         let cap = mtu + 18;
-        let rx_cap = mtu + 64;
+        let rings = want_rings().map_err(PortError)?;
+        let io = match rings.then(|| ring::Rings::setup(&fd, mtu)) {
+            Some(Ok(r)) => {
+                // What came in between the bind and the rings went to the socket's queue.
+                drain(&fd);
+                tracing::debug!(
+                    port = ifname,
+                    slots = ?r.slots(),
+                    "af_packet: memory-mapped rings"
+                );
+                Io::Rings(r)
+            }
+            other => {
+                if let Some(Err(e)) = other {
+                    tracing::warn!(
+                        port = ifname,
+                        error = %e,
+                        "af_packet: no memory-mapped rings; recvmmsg/sendmmsg instead"
+                    );
+                }
+                let rx_cap = mtu + 64;
+                Io::Mmsg(Mmsg {
+                    rx_bufs: (0..super::BURST).map(|_| vec![0u8; rx_cap]).collect(),
+                    tx_bufs: (0..super::BURST).map(|_| vec![0u8; cap]).collect(),
+                    tx_len: vec![0; super::BURST],
+                    tx_head: 0,
+                    tx_count: 0,
+                })
+            }
+        };
         Ok(AfPacketPort {
             fd,
             ifname: ifname.to_string(),
             mac: Mac(mac),
             mtu,
             cap,
-            rx_bufs: (0..super::BURST).map(|_| vec![0u8; rx_cap]).collect(),
-            tx_bufs: (0..super::BURST).map(|_| vec![0u8; cap]).collect(),
-            tx_len: vec![0; super::BURST],
-            tx_head: 0,
-            tx_count: 0,
+            io,
             stats: PortStats::default(),
         })
     }
 
+    /// True when frames move through the memory-mapped rings (not `recvmmsg` / `sendmmsg`).
+    pub fn uses_rings(&self) -> bool {
+        matches!(self.io, Io::Rings(_))
+    }
+}
+
+impl Mmsg {
     /// Hands frames `tx_head..tx_count` to the kernel; true when all were taken.
-    fn send_pending(&mut self) -> bool {
+    fn send_pending(&mut self, fd: &OwnedFd, stats: &mut PortStats) -> bool {
         let mut tries = 0;
         while self.tx_head < self.tx_count {
             let n = self.tx_count - self.tx_head;
@@ -450,7 +514,7 @@ impl AfPacketPort {
             // lengths; all outlive the call. The socket is bound, so no address is needed.
             let r = unsafe {
                 libc::sendmmsg(
-                    self.fd.as_raw_fd(),
+                    fd.as_raw_fd(),
                     msgs.as_mut_ptr(),
                     n as libc::c_uint,
                     libc::MSG_DONTWAIT,
@@ -458,8 +522,8 @@ impl AfPacketPort {
             };
             if r > 0 {
                 for i in 0..r as usize {
-                    self.stats.tx_frames += 1;
-                    self.stats.tx_bytes += self.tx_len[self.tx_head + i] as u64;
+                    stats.tx_frames += 1;
+                    stats.tx_bytes += self.tx_len[self.tx_head + i] as u64;
                 }
                 self.tx_head += r as usize;
                 tries = 0;
@@ -477,7 +541,7 @@ impl AfPacketPort {
                     // The frame at the head is refused for good (too long for the interface,
                     // the interface went down): drop it, so that one bad frame cannot wedge
                     // the port.
-                    self.stats.tx_dropped += 1;
+                    stats.tx_dropped += 1;
                     self.tx_head += 1;
                 }
             }
@@ -486,10 +550,14 @@ impl AfPacketPort {
         self.tx_count = 0;
         true
     }
-}
 
-impl Port for AfPacketPort {
-    fn rx_burst(&mut self, max: usize, f: &mut dyn FnMut(&mut [u8])) -> usize {
+    fn rx(
+        &mut self,
+        fd: &OwnedFd,
+        max: usize,
+        f: &mut dyn FnMut(&mut [u8]),
+        stats: &mut PortStats,
+    ) -> usize {
         let max = max.min(super::BURST);
         // SAFETY: iovec is plain old data; all zeroes is a valid value.
         let mut iov: [libc::iovec; super::BURST] = unsafe { std::mem::zeroed() };
@@ -505,7 +573,7 @@ impl Port for AfPacketPort {
         // of the stated lengths; all outlive the call. MSG_DONTWAIT: never blocks.
         let r = unsafe {
             libc::recvmmsg(
-                self.fd.as_raw_fd(),
+                fd.as_raw_fd(),
                 msgs.as_mut_ptr(),
                 max as libc::c_uint,
                 libc::MSG_DONTWAIT,
@@ -517,7 +585,7 @@ impl Port for AfPacketPort {
             // down (packet_notifier, NETDEV_DOWN in net/packet/af_packet.c) and reports it to
             // the next call once.
             if r < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ENETDOWN) {
-                self.stats.link_downed += 1;
+                stats.link_downed += 1;
             }
             return 0;
         }
@@ -525,40 +593,68 @@ impl Port for AfPacketPort {
         for (i, m) in msgs.iter().enumerate().take(r) {
             let len = m.msg_len as usize;
             if m.msg_hdr.msg_flags & libc::MSG_TRUNC != 0 || len > self.rx_bufs[i].len() {
-                self.stats.rx_dropped += 1;
+                stats.rx_dropped += 1;
                 continue;
             }
-            self.stats.rx_frames += 1;
-            self.stats.rx_bytes += len as u64;
+            stats.rx_frames += 1;
+            stats.rx_bytes += len as u64;
             f(&mut self.rx_bufs[i][..len]);
         }
         r
     }
 
-    fn tx_burst(&mut self, max: usize, fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>) -> usize {
+    fn tx(
+        &mut self,
+        fd: &OwnedFd,
+        cap: usize,
+        max: usize,
+        fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>,
+        stats: &mut PortStats,
+    ) -> usize {
         // Frames the kernel refused last time go first; nothing new is built until they are
         // gone, so a busy interface pushes back on the RNIC instead of losing frames.
-        if !self.send_pending() {
+        if !self.send_pending(fd, stats) {
             return 0;
         }
         let max = max.min(super::BURST);
         let mut n = 0;
         while n < max {
-            let Some(len) = fill(&mut self.tx_bufs[n][..self.cap]) else {
+            let Some(len) = fill(&mut self.tx_bufs[n][..cap]) else {
                 break;
             };
-            self.tx_len[n] = len.min(self.cap);
+            self.tx_len[n] = len.min(cap);
             n += 1;
         }
         self.tx_head = 0;
         self.tx_count = n;
-        let before = self.stats.tx_frames;
-        self.send_pending();
-        (self.stats.tx_frames - before) as usize
+        let before = stats.tx_frames;
+        self.send_pending(fd, stats);
+        (stats.tx_frames - before) as usize
+    }
+}
+
+impl Port for AfPacketPort {
+    fn rx_burst(&mut self, max: usize, f: &mut dyn FnMut(&mut [u8])) -> usize {
+        let max = max.min(super::BURST);
+        match &mut self.io {
+            Io::Rings(r) => r.rx(&self.fd, max, f, &mut self.stats),
+            Io::Mmsg(m) => m.rx(&self.fd, max, f, &mut self.stats),
+        }
+    }
+
+    fn tx_burst(&mut self, max: usize, fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>) -> usize {
+        let max = max.min(super::BURST);
+        match &mut self.io {
+            Io::Rings(r) => r.tx(&self.fd, max, fill, &mut self.stats),
+            Io::Mmsg(m) => m.tx(&self.fd, self.cap, max, fill, &mut self.stats),
+        }
     }
 
     fn flush(&mut self) -> bool {
-        self.send_pending()
+        match &mut self.io {
+            Io::Rings(r) => r.kick(&self.fd, &mut self.stats),
+            Io::Mmsg(m) => m.send_pending(&self.fd, &mut self.stats),
+        }
     }
 
     fn mac(&self) -> Mac {
