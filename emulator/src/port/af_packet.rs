@@ -31,6 +31,7 @@ use std::net::IpAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 mod ring;
+mod tcx;
 
 // From <linux/if_packet.h>; not all are in the libc crate.
 const PACKET_QDISC_BYPASS: libc::c_int = 20;
@@ -214,6 +215,8 @@ pub struct AfPacketPort {
     mtu: usize,
     cap: usize,
     io: Io,
+    /// Drops at the interface's ingress the datagrams the socket has read (module `tcx`).
+    ingress: Option<tcx::IngressDrop>,
     stats: PortStats,
 }
 
@@ -475,6 +478,23 @@ impl AfPacketPort {
                 })
             }
         };
+        // ROCEMU_AF_PACKET_TCX=0 leaves the kernel's IP stack to see every datagram (to
+        // compare).
+        let ingress = if std::env::var("ROCEMU_AF_PACKET_TCX").is_ok_and(|v| v == "0") {
+            None
+        } else {
+            match tcx::attach(ifindex, &opts.addrs) {
+                Ok(d) => Some(d),
+                Err(e) => {
+                    tracing::debug!(
+                        port = ifname,
+                        error = %e,
+                        "af_packet: no ingress drop; the kernel's IP stack sees RoCE datagrams too"
+                    );
+                    None
+                }
+            }
+        };
         Ok(AfPacketPort {
             fd,
             ifname: ifname.to_string(),
@@ -482,8 +502,15 @@ impl AfPacketPort {
             mtu,
             cap,
             io,
+            ingress,
             stats: PortStats::default(),
         })
+    }
+
+    /// True when the kernel's IP stack is spared the RoCEv2 datagrams to our addresses (an
+    /// eBPF program on the interface's tcx ingress drops them after the socket read them).
+    pub fn drops_at_ingress(&self) -> bool {
+        self.ingress.is_some()
     }
 
     /// True when frames move through the memory-mapped rings (not `recvmmsg` / `sendmmsg`).
