@@ -126,6 +126,10 @@ pub const A17_PKEY: Cite = a17(
     "A17.4.7",
     "the BTH P_Key is validated as chapter 9 requires",
 );
+pub const A17_UD_GRH: Cite = a17(
+    "A17.4.5.2",
+    "a UD receive buffer starts with the 40-byte GRH area (base 11.4.1.2)",
+);
 
 // Base specification, confirmed.
 
@@ -413,6 +417,28 @@ pub const RKEY_VALUE: Cite = guess(
 pub const QPN_VALUE: Cite = guess("10.2.1", "the QPN is the device's choice");
 pub const REP_PSN: Cite = guess("12.6.8", "the REP's Starting PSN");
 pub const IMM_RECEIVE: Cite = guess("9.4.4.1, 9.7.5.1.7", "RDMA WRITE with immediate data");
+pub const SEND_ZERO: Cite = guess("9.4.1", "SEND: a message may carry zero bytes");
+pub const GHOST_RESPONSE: Cite = guess(
+    "C9-117",
+    "a response whose PSN matches no outstanding request (a ghost) is ignored",
+);
+pub const UC_NO_ACK: Cite = guess("9.8.2", "UC: no acknowledgements, no retransmissions");
+pub const UC_DROP: Cite = guess(
+    "9.8.2.2",
+    "UC: a PSN gap or an opcode out of sequence drops the message in progress; the next FIRST or ONLY starts anew",
+);
+pub const UC_ERROR_SILENT: Cite = guess(
+    "9.8.2.2",
+    "UC: a request in error is dropped silently; the QP stays in RTS",
+);
+pub const UD_RULES: Cite = guess(
+    "9.8.3",
+    "UD: one packet a message, the DETH's Q_Key and source QP",
+);
+pub const CONTROLLED_QKEY: Cite = guess(
+    "C10-15",
+    "a UD send whose Q_Key has the high bit set sends the QP's own Q_Key (issue 20's number)",
+);
 
 #[cfg(test)]
 mod tests {

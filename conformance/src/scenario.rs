@@ -213,6 +213,14 @@ impl<'a> Ctx<'a> {
         if o.stop_at == QpState::Init {
             return Ok(());
         }
+        self.init_to(c, o)
+    }
+
+    /// Moves the connection's QP from INIT to `o.stop_at` (RTR or RTS), as [`Ctx::bring_up`]
+    /// does after INIT.
+    pub fn init_to(&mut self, c: &Conn, o: &ConnOpts) -> Outcome {
+        let qpn = c.qpn;
+        let ud = o.qp_type == QpType::Ud;
         let rc = o.qp_type == QpType::Rc;
         let rtr = if ud {
             ModifyQp {

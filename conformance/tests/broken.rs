@@ -951,3 +951,356 @@ fn every_scenario_has_a_failing_device_test() {
         "scenarios without a failing-device test: {missing:?}"
     );
 }
+
+// ---- more RC, UC and UD (issue 20, item 2) ----------------------------------------------------
+
+/// Requests that reach the QP before it is in `ready` (RTR or RTS) are kept, not dropped, and
+/// handed to the RNIC, first, with the first frame that comes after: a device that takes
+/// requests in a state that must drop them (or, with RTS, one that will not take them in RTR).
+fn kept_until(
+    ready: rocemu_emulator::rnic::QpState,
+) -> impl FnOnce(&SharedDut, SelfAgent) -> Box<dyn Agent> {
+    let up: Rc<RefCell<bool>> = Rc::default();
+    move |dut: &SharedDut, inner: SelfAgent| {
+        let u = up.clone();
+        let mut held: Vec<Vec<u8>> = Vec::new();
+        dut.borrow_mut().rx_filter = Some(Box::new(move |f| {
+            let req = parse_frame(&f).is_ok_and(|p| p.bth.opcode.info().is_request());
+            if !*u.borrow() {
+                if req {
+                    held.push(f);
+                    return vec![];
+                }
+                return vec![f];
+            }
+            let mut out = std::mem::take(&mut held);
+            out.push(f);
+            out
+        }));
+        Box::new(Wrapped {
+            inner,
+            f: Box::new(move |a, req| {
+                if let Request::ModifyQp { attr, .. } = &req {
+                    if attr.qp_state == Some(ready) {
+                        *up.borrow_mut() = true;
+                    }
+                }
+                a.call(req)
+            }),
+        })
+    }
+}
+
+/// The requester takes every ACK for one of the newest PSN it sent: an ACK acknowledges all
+/// that is outstanding, whatever PSN it names.
+fn acks_cover_all() -> impl FnOnce(&SharedDut, SelfAgent) -> Box<dyn Agent> {
+    let last: Rc<RefCell<Option<Psn>>> = Rc::default();
+    move |dut: &SharedDut, agent| {
+        let l = last.clone();
+        let mut d = dut.borrow_mut();
+        d.tx_filter = Some(Box::new(move |f| {
+            if let Ok(p) = parse_frame(&f) {
+                if p.bth.opcode.info().is_request() {
+                    *l.borrow_mut() = Some(p.bth.psn);
+                }
+            }
+            vec![f]
+        }));
+        d.rx_filter = Some(Box::new(move |f| {
+            vec![rewrite(f, |r, _| {
+                if r.bth.opcode == Opcode::RC_ACKNOWLEDGE {
+                    if let Some(p) = *last.borrow() {
+                        r.bth.psn = p;
+                    }
+                }
+            })]
+        }));
+        Box::new(agent) as Box<dyn Agent>
+    }
+}
+
+/// A device whose UC QPs are RC QPs: the agent creates RC QPs (with the RC attributes UC lacks)
+/// and UC requests reach them as their RC twins.
+fn uc_as_rc() -> impl FnOnce(&SharedDut, SelfAgent) -> Box<dyn Agent> {
+    use rocemu_emulator::rnic::{QpState, QpType};
+    move |dut: &SharedDut, inner: SelfAgent| {
+        dut.borrow_mut().rx_filter = Some(Box::new(|f| {
+            vec![rewrite(f, |r, _| {
+                let v = r.bth.opcode.value();
+                if (0x20..0x40).contains(&v) {
+                    if let Ok(o) = Opcode::new(v - 0x20) {
+                        r.bth.opcode = o;
+                    }
+                }
+            })]
+        }));
+        Box::new(Wrapped {
+            inner,
+            f: Box::new(|a, req| match req {
+                Request::CreateQp(mut init) => {
+                    if init.qp_type == QpType::Uc {
+                        init.qp_type = QpType::Rc;
+                    }
+                    a.call(Request::CreateQp(init))
+                }
+                Request::ModifyQp { qpn, mut attr } => {
+                    if attr.qp_state == Some(QpState::Rtr) && attr.dest_qp_num.is_some() {
+                        attr.min_rnr_timer.get_or_insert(12);
+                        attr.max_dest_rd_atomic.get_or_insert(16);
+                    }
+                    if attr.qp_state == Some(QpState::Rts) {
+                        attr.timeout.get_or_insert(14);
+                        attr.retry_cnt.get_or_insert(7);
+                        attr.rnr_retry.get_or_insert(7);
+                        attr.max_rd_atomic.get_or_insert(16);
+                    }
+                    a.call(Request::ModifyQp { qpn, attr })
+                }
+                r => a.call(r),
+            }),
+        })
+    }
+}
+
+/// Rewrites the code of every NAK the RNIC receives.
+fn nak_read_as(
+    from: NakCode,
+    to: Syndrome,
+) -> impl FnOnce(&SharedDut, SelfAgent) -> Box<dyn Agent> {
+    rx(move |r, _| {
+        if is_nak(r, from) {
+            if let Some(a) = r.ext.aeth.as_mut() {
+                a.syndrome = to;
+            }
+        }
+    })
+}
+
+#[test]
+fn zero_length_scenarios_fail_when_zero_length_is_refused() {
+    // A device that drops SENDs without payload.
+    fails(
+        "rdma.send.zero-length-delivered",
+        |dut: &SharedDut, agent| {
+            dut.borrow_mut().rx_filter = Some(Box::new(|f| {
+                let empty = parse_frame(&f)
+                    .is_ok_and(|p| p.bth.opcode == Opcode::RC_SEND_ONLY && p.payload.is_empty());
+                if empty {
+                    vec![]
+                } else {
+                    vec![f]
+                }
+            }));
+            Box::new(agent) as Box<dyn Agent>
+        },
+    );
+    // A device that checks R_Key 0 of a zero-length READ: a NAK instead of the response.
+    fails(
+        "rdma.read.zero-length-acked",
+        tx(|r, _| {
+            if r.bth.opcode == Opcode::RC_RDMA_READ_RESPONSE_ONLY {
+                r.bth.opcode = Opcode::RC_ACKNOWLEDGE;
+                if let Some(a) = r.ext.aeth.as_mut() {
+                    a.syndrome = Syndrome::nak(NakCode::RemoteAccessError);
+                }
+            }
+        }),
+    );
+    fails(
+        "rdma.write-imm.zero-length-completes",
+        tx(|r, _| {
+            if r.bth.opcode == Opcode::RC_ACKNOWLEDGE {
+                if let Some(a) = r.ext.aeth.as_mut() {
+                    a.syndrome = Syndrome::nak(NakCode::RemoteAccessError);
+                }
+            }
+        }),
+    );
+}
+
+#[test]
+fn more_responder_scenarios_fail_when_the_rule_is_broken() {
+    // Every WRITE ONLY consumes a receive, as if it carried an immediate.
+    fails(
+        "rdma.write.no-imm-consumes-no-receive",
+        rx(|r, _| {
+            if r.bth.opcode == Opcode::RC_RDMA_WRITE_ONLY {
+                r.bth.opcode = Opcode::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE;
+                r.ext.imm = Some(0);
+            }
+        }),
+    );
+    fails(
+        "rdma.atomic.mr-without-remote-atomic-nak",
+        agent(|a, req| match req {
+            Request::RegMr { pd, length, .. } => a.call(Request::RegMr {
+                pd,
+                length,
+                access: Access::ALL,
+            }),
+            r => a.call(r),
+        }),
+    );
+    use rocemu_emulator::rnic::QpState;
+    fails("qp.state.reset-drops-requests", kept_until(QpState::Rtr));
+    fails("qp.state.init-drops-requests", kept_until(QpState::Rtr));
+    fails("qp.state.rtr-accepts-requests", kept_until(QpState::Rts));
+    // modify_qp to ERR that does nothing.
+    fails(
+        "qp.state.err-drops-requests",
+        agent(|a, req| match req {
+            Request::ModifyQp { attr, .. } if attr.qp_state == Some(QpState::Err) => {
+                Ok(Reply::Done)
+            }
+            r => a.call(r),
+        }),
+    );
+    // Timer code 0 replaced by a default.
+    fails(
+        "rnr.responder.timer-code-0",
+        tx(|r, _| {
+            if let Some(a) = r.ext.aeth.as_mut() {
+                if let SyndromeKind::RnrNak { timer: 0 } = a.syndrome.kind() {
+                    a.syndrome = Syndrome::rnr_nak(14);
+                }
+            }
+        }),
+    );
+    // A READ counted in the MSN only later.
+    fails(
+        "ack.msn.read-counts",
+        tx(|r, _| {
+            if r.bth.opcode.info().is_response() && r.bth.opcode != Opcode::RC_ACKNOWLEDGE {
+                if let Some(a) = r.ext.aeth.as_mut() {
+                    a.msn = rocemu_wire::Msn::new(a.msn.value().wrapping_sub(1));
+                }
+            }
+        }),
+    );
+    fails("ack.msn.duplicate-not-counted", psn_blind());
+    fails("seq.send.only-over-mtu-nak", mute_naks());
+}
+
+#[test]
+fn more_requester_scenarios_fail_when_acks_and_naks_are_misread() {
+    fails("rdma.requester.ghost-ack-ignored", acks_cover_all());
+    fails("rdma.requester.ack-ahead-ignored", acks_cover_all());
+    fails(
+        "rdma.requester.nak-inv-req-completes-error",
+        nak_read_as(
+            NakCode::InvalidRequest,
+            Syndrome::nak(NakCode::RemoteOperationalError),
+        ),
+    );
+    fails(
+        "rdma.requester.nak-rem-op-completes-error",
+        nak_read_as(
+            NakCode::RemoteOperationalError,
+            Syndrome::nak(NakCode::InvalidRequest),
+        ),
+    );
+    // An unknown NAK code taken for an ACK.
+    fails(
+        "rdma.requester.nak-reserved-code-completes-error",
+        nak_read_as(
+            NakCode::Reserved(0x1f),
+            Syndrome::ack(Syndrome::CREDITS_INVALID),
+        ),
+    );
+}
+
+#[test]
+fn uc_scenarios_fail_when_uc_acts_like_rc_or_checks_nothing() {
+    fails("uc.send.never-acked", uc_as_rc());
+    fails("uc.psn-gap.drops-rest-of-message", psn_blind());
+    fails(
+        "uc.middle-without-first-dropped",
+        rx(|r, _| {
+            if r.bth.opcode == Opcode::UC_SEND_MIDDLE {
+                r.bth.opcode = Opcode::UC_SEND_ONLY;
+            }
+        }),
+    );
+    // The R_Key is not checked: every RETH reaches the RNIC with the last MR's key.
+    let key: Rc<RefCell<Option<RKey>>> = Rc::default();
+    let k = key.clone();
+    fails(
+        "uc.write.bad-rkey-silent-drop",
+        move |dut: &SharedDut, inner: SelfAgent| {
+            dut.borrow_mut().rx_filter = Some(Box::new(move |f| {
+                vec![rewrite(f, |r, _| {
+                    if let (Some(e), Some(k)) = (r.ext.reth.as_mut(), *k.borrow()) {
+                        e.rkey = k;
+                    }
+                })]
+            }));
+            Box::new(Wrapped {
+                inner,
+                f: Box::new(move |a, req| {
+                    let r = a.call(req)?;
+                    if let Reply::Mr(m) = &r {
+                        *key.borrow_mut() = Some(m.rkey);
+                    }
+                    Ok(r)
+                }),
+            })
+        },
+    );
+}
+
+#[test]
+fn ud_scenarios_fail_when_datagrams_are_mishandled() {
+    fails(
+        "ud.send.deth-qkey-and-source-qp",
+        tx(|r, _| {
+            if let Some(d) = r.ext.deth.as_mut() {
+                d.src_qpn = Qpn::new(d.src_qpn.value() ^ 1);
+            }
+        }),
+    );
+    // The WR's Q_Key sent as it is, high bit and all.
+    fails(
+        "ud.qkey.controlled-uses-qp-qkey",
+        tx(|r, _| {
+            if let Some(d) = r.ext.deth.as_mut() {
+                d.qkey = QKey(0x8000_0000);
+            }
+        }),
+    );
+    fails(
+        "ud.send-imm.delivers-imm",
+        rx(|r, _| {
+            if let Some(i) = r.ext.imm.as_mut() {
+                *i ^= 1;
+            }
+        }),
+    );
+    // A device that leaves the GRH area empty.
+    fails(
+        "ud.recv.grh-ipv4-at-offset-20",
+        agent(|a, req| {
+            let head = matches!(req, Request::ReadMr { offset: 0, .. });
+            match a.call(req)? {
+                Reply::Data(mut d) if head => {
+                    let n = d.len().min(40);
+                    d[..n].fill(0);
+                    Ok(Reply::Data(d))
+                }
+                r => Ok(r),
+            }
+        }),
+    );
+    // Receives posted four times as long as asked.
+    fails(
+        "ud.recv.too-short-loc-len-err",
+        agent(|a, req| match req {
+            Request::PostRecv { qpn, mut wr } => {
+                for s in &mut wr.sg {
+                    s.length *= 4;
+                }
+                a.call(Request::PostRecv { qpn, wr })
+            }
+            r => a.call(r),
+        }),
+    );
+}

@@ -5,9 +5,11 @@ use crate::scenario::Scenario;
 pub mod hdr;
 pub mod msg;
 pub mod psn;
+pub mod rc;
 pub mod rdma;
 pub mod req;
 pub mod sec;
+pub mod ucud;
 pub mod verbs;
 
 /// Every scenario, in report order.
@@ -18,6 +20,8 @@ pub fn catalogue() -> Vec<Scenario> {
         msg::SCENARIOS,
         rdma::SCENARIOS,
         req::SCENARIOS,
+        rc::SCENARIOS,
+        ucud::SCENARIOS,
         verbs::SCENARIOS,
         sec::SCENARIOS,
     ]
