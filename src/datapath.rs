@@ -247,6 +247,12 @@ impl clap::Args for CcArgs {
                         "The reaction point on every connected QP: dcqcn (implies --ecn), \
                          timely, or none (default). The notification point always answers \
                          CE-marked packets with CNPs",
+                    )
+                    .long_help(
+                        "The reaction point on every connected QP: dcqcn (implies --ecn), \
+                         timely, or none (default). The notification point always answers \
+                         CE-marked packets with CNPs. Every DCQCN and TIMELY parameter is a \
+                         flag of its own, by its mlx5 name (below)",
                     ),
             );
         for &(name, lo, hi, what) in CC_PARAMS {
@@ -259,7 +265,15 @@ impl clap::Args for CcArgs {
                     .hide_short_help(true),
             );
         }
-        cmd.next_help_heading(None)
+        cmd.after_help(
+            "Congestion control's parameters (--rpg-time-reset, --dce-tcp-g, --timely-t-high-us, \
+             …): see --help",
+        )
+        .after_long_help(
+            "Congestion control's parameters are mlx5's names and units (DCQCN) and TIMELY's; \
+             docs/congestion.md gives their defaults and meanings",
+        )
+        .next_help_heading(None)
     }
     fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
         Self::augment_args(cmd)
