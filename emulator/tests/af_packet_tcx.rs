@@ -24,14 +24,8 @@ fn frame(mac: [u8; 6], dst: Ipv4Addr, dport: u16) -> Vec<u8> {
     ]);
     f.extend_from_slice(&dst.octets());
     // The IPv4 header checksum, so that the kernel counts the datagram as received.
-    let mut sum: u32 = f[14..34]
-        .chunks(2)
-        .map(|c| u32::from(u16::from_be_bytes([c[0], c[1]])))
-        .sum();
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    f[24..26].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+    let sum = rocemu_wire::ip::ipv4_checksum(&f[14..34]);
+    f[24..26].copy_from_slice(&sum.to_be_bytes());
     f.extend_from_slice(&49152u16.to_be_bytes());
     f.extend_from_slice(&dport.to_be_bytes());
     f.extend_from_slice(&[0, 72, 0, 0]);

@@ -266,16 +266,26 @@ fn os_err(what: &str, ifname: &str) -> PortError {
 }
 
 fn setsockopt_int(fd: &OwnedFd, level: libc::c_int, opt: libc::c_int, v: libc::c_int) -> bool {
-    // SAFETY: `fd` is an open socket; the option value is a c_int that lives across the call and
-    // whose size is passed.
-    unsafe {
+    setsockopt(fd, level, opt, &v).is_ok()
+}
+
+/// Sets option `opt` at `level` of the socket `fd` to `v`, a value of the type the option takes
+/// (the kernel reads `size_of::<T>()` bytes of it, and checks the size).
+fn setsockopt<T>(fd: &OwnedFd, level: libc::c_int, opt: libc::c_int, v: &T) -> io::Result<()> {
+    // SAFETY: `fd` is an open socket; `v` lives across the call and its size is passed.
+    let r = unsafe {
         libc::setsockopt(
             fd.as_raw_fd(),
             level,
             opt,
-            (&v as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        ) == 0
+            (v as *const T).cast(),
+            std::mem::size_of::<T>() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
     }
 }
 
@@ -301,21 +311,8 @@ fn attach_filter(fd: &OwnedFd, prog: &[libc::sock_filter]) -> io::Result<()> {
         len: u16::try_from(prog.len()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?,
         filter: prog.as_ptr() as *mut libc::sock_filter,
     };
-    // SAFETY: `fprog` points at `prog`, which outlives the call (the kernel copies it).
-    let r = unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_ATTACH_FILTER,
-            (&fprog as *const libc::sock_fprog).cast(),
-            std::mem::size_of::<libc::sock_fprog>() as libc::socklen_t,
-        )
-    };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
+    // `fprog` points at `prog`, which outlives the call (the kernel copies it).
+    setsockopt(fd, libc::SOL_SOCKET, libc::SO_ATTACH_FILTER, &fprog)
 }
 
 /// Reads and drops what is queued on `fd`: a frame that came in before the filter held (none
@@ -414,17 +411,7 @@ impl AfPacketPort {
         } else {
             libc::PACKET_MR_ALLMULTI
         } as u16;
-        // SAFETY: `mreq` is a valid packet_mreq and its size is passed.
-        let r = unsafe {
-            libc::setsockopt(
-                fd.as_raw_fd(),
-                libc::SOL_PACKET,
-                libc::PACKET_ADD_MEMBERSHIP,
-                (&mreq as *const libc::packet_mreq).cast(),
-                std::mem::size_of::<libc::packet_mreq>() as libc::socklen_t,
-            )
-        };
-        if r != 0 {
+        if setsockopt(&fd, libc::SOL_PACKET, libc::PACKET_ADD_MEMBERSHIP, &mreq).is_err() {
             return Err(os_err("PACKET_ADD_MEMBERSHIP", ifname));
         }
 

@@ -126,21 +126,7 @@ impl Drop for Rings {
 }
 
 fn set<T>(fd: &OwnedFd, opt: libc::c_int, v: &T) -> io::Result<()> {
-    // SAFETY: `v` is a valid value of the type the option takes, and its size is passed.
-    let r = unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_PACKET,
-            opt,
-            (v as *const T).cast(),
-            std::mem::size_of::<T>() as libc::socklen_t,
-        )
-    };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
+    super::setsockopt(fd, libc::SOL_PACKET, opt, v)
 }
 
 /// The `tp_status` word at the start of a slot, shared with the kernel.

@@ -60,8 +60,8 @@ struct Insn {
 /// A program with forward jumps to named labels.
 #[derive(Debug, Default)]
 struct Asm {
-    ins: Vec<(Insn, Option<&'static str>)>,
-    labels: Vec<(&'static str, usize)>,
+    ins: Vec<(Insn, Option<String>)>,
+    labels: Vec<(String, usize)>,
 }
 
 impl Asm {
@@ -74,36 +74,30 @@ impl Asm {
         };
         self.ins.push((i, None));
     }
-    fn jump(&mut self, code: u8, dst: u8, src: u8, imm: i32, to: &'static str) {
+    fn jump(&mut self, code: u8, dst: u8, src: u8, imm: i32, to: impl Into<String>) {
         let i = Insn {
             code,
             regs: dst | (src << 4),
             off: 0,
             imm,
         };
-        self.ins.push((i, Some(to)));
+        self.ins.push((i, Some(to.into())));
     }
-    fn label(&mut self, name: &'static str) {
-        self.labels.push((name, self.ins.len()));
+    fn label(&mut self, name: impl Into<String>) {
+        self.labels.push((name.into(), self.ins.len()));
     }
-    fn finish(self) -> Vec<Insn> {
-        let at = |name: &str| {
-            self.labels
-                .iter()
-                .find(|l| l.0 == name)
-                .map(|l| l.1)
-                .expect("every jump's label is placed")
-        };
+    /// The program, or `None` when a jump's label is missing or too far for a 16-bit offset.
+    fn finish(self) -> Option<Vec<Insn>> {
+        let at = |name: &str| self.labels.iter().find(|l| l.0 == name).map(|l| l.1);
         self.ins
             .iter()
             .enumerate()
             .map(|(i, (insn, to))| {
                 let mut insn = *insn;
-                if let Some(to) = to {
-                    insn.off =
-                        i16::try_from(at(to) as isize - i as isize - 1).expect("a short program");
+                if let Some(to) = to.as_deref() {
+                    insn.off = i16::try_from(at(to)? as isize - i as isize - 1).ok()?;
                 }
-                insn
+                Some(insn)
             })
             .collect()
     }
@@ -120,8 +114,8 @@ fn be32(b: [u8; 4]) -> i32 {
 
 /// The program: TCX_DROP for an untagged IPv4 (header of 20 bytes, not a fragment) or IPv6
 /// (UDP right after the fixed header) UDP datagram to port 4791 for one of `addrs`; TCX_NEXT
-/// for anything else.
-fn program(addrs: &[IpAddr]) -> Vec<Insn> {
+/// for anything else. `None` when the addresses are too many for the program's jumps.
+fn program(addrs: &[IpAddr]) -> Option<Vec<Insn>> {
     let (r0, r1, r2, r3, r4, r5) = (0, 1, 2, 3, 4, 5);
     let mut p = Asm::default();
     p.op(LDX_W, r2, r1, SKB_DATA, 0);
@@ -160,26 +154,18 @@ fn program(addrs: &[IpAddr]) -> Vec<Insn> {
     p.op(LDX_H, r5, r2, 56, 0); // UDP destination port
     p.jump(JNE32_K, r5, 0, be16(4791), "next");
     // Each address: four words compared in turn; a mismatch goes on to the next address.
-    const MISS: [&str; 16] = [
-        "m0", "m1", "m2", "m3", "m4", "m5", "m6", "m7", "m8", "m9", "m10", "m11", "m12", "m13",
-        "m14", "m15",
-    ];
-    let v6: Vec<_> = addrs
-        .iter()
-        .filter_map(|a| match a {
-            IpAddr::V6(a) => Some(a.octets()),
-            IpAddr::V4(_) => None,
-        })
-        .take(MISS.len())
-        .collect();
-    for (k, o) in v6.iter().enumerate() {
+    let v6 = addrs.iter().filter_map(|a| match a {
+        IpAddr::V6(a) => Some(a.octets()),
+        IpAddr::V4(_) => None,
+    });
+    for (k, o) in v6.enumerate() {
         for w in 0..4 {
             p.op(LDX_W, r5, r2, 38 + 4 * w as i16, 0);
             let word = [o[4 * w], o[4 * w + 1], o[4 * w + 2], o[4 * w + 3]];
-            p.jump(JNE32_K, r5, 0, be32(word), MISS[k]);
+            p.jump(JNE32_K, r5, 0, be32(word), format!("miss{k}"));
         }
         p.jump(JA, 0, 0, 0, "drop");
-        p.label(MISS[k]);
+        p.label(format!("miss{k}"));
     }
     p.label("next");
     p.op(MOV64_K, r0, 0, 0, TCX_NEXT);
@@ -225,7 +211,12 @@ pub(super) fn attach(ifindex: u32, addrs: &[IpAddr]) -> io::Result<IngressDrop> 
             "no address of ours to drop datagrams for",
         ));
     }
-    let insns = program(addrs);
+    let insns = program(addrs).ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "too many addresses for the ingress program's jumps",
+        )
+    })?;
     let license = c"GPL";
     let mut attr = [0u64; 16];
     // prog_type, insn_cnt; insns; license (`struct bpf_attr`, BPF_PROG_LOAD).
@@ -288,7 +279,7 @@ mod tests {
             "10.0.0.2".parse().unwrap(),
             "fd00::2".parse().unwrap(),
         ];
-        let p = program(&addrs);
+        let p = program(&addrs).unwrap();
         for (i, insn) in p.iter().enumerate() {
             if matches!(insn.code, JGT_X | JEQ32_K | JNE32_K | JA) {
                 let to = i as isize + 1 + insn.off as isize;
@@ -299,6 +290,11 @@ mod tests {
             }
         }
         assert_eq!(p.last().unwrap().code, EXIT);
+        // Too many addresses for 16-bit jumps: refused, not a panic.
+        let many: Vec<IpAddr> = (0..7000u32)
+            .map(|i| IpAddr::V6(std::net::Ipv6Addr::from(u128::from(i) + 1)))
+            .collect();
+        assert!(program(&many).is_none());
         assert_eq!(be16(4791), 0xb712);
     }
 }
