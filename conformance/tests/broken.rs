@@ -415,6 +415,17 @@ fn nak_code(from: NakCode, to: NakCode) -> impl FnOnce(&SharedDut, SelfAgent) ->
     })
 }
 
+/// A device whose every ACK goes out as a remote access NAK.
+fn acks_become_access_naks() -> impl FnOnce(&SharedDut, SelfAgent) -> Box<dyn Agent> {
+    tx(|r, _| {
+        if r.bth.opcode == Opcode::RC_ACKNOWLEDGE {
+            if let Some(a) = r.ext.aeth.as_mut() {
+                a.syndrome = Syndrome::nak(NakCode::RemoteAccessError);
+            }
+        }
+    })
+}
+
 #[test]
 fn access_scenarios_fail_on_the_wrong_nak_code() {
     for id in [
@@ -495,16 +506,7 @@ fn access_scenarios_fail_when_access_is_granted() {
 #[test]
 fn zero_length_write_fails_when_the_rkey_is_checked() {
     // A device that NAKs a zero-length WRITE (checking R_Key 0).
-    fails(
-        "rdma.write.zero-length-acked",
-        tx(|r, _| {
-            if r.bth.opcode == Opcode::RC_ACKNOWLEDGE {
-                if let Some(a) = r.ext.aeth.as_mut() {
-                    a.syndrome = Syndrome::nak(NakCode::RemoteAccessError);
-                }
-            }
-        }),
-    );
+    fails("rdma.write.zero-length-acked", acks_become_access_naks());
 }
 
 #[test]
@@ -1108,13 +1110,7 @@ fn zero_length_scenarios_fail_when_zero_length_is_refused() {
     );
     fails(
         "rdma.write-imm.zero-length-completes",
-        tx(|r, _| {
-            if r.bth.opcode == Opcode::RC_ACKNOWLEDGE {
-                if let Some(a) = r.ext.aeth.as_mut() {
-                    a.syndrome = Syndrome::nak(NakCode::RemoteAccessError);
-                }
-            }
-        }),
+        acks_become_access_naks(),
     );
 }
 
