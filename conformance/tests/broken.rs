@@ -3,111 +3,19 @@
 //! between the wire and the RNIC rewrite what it receives or sends (re-emitting the frame, so
 //! that checksums and the ICRC stay right and only the broken behaviour differs), or an agent
 //! wrapper misbehaves on the control side.
-use rocemu_conformance::agent::{Agent, AgentResult, Reply, Request};
+use rocemu_conformance::agent::{Agent, Reply, Request};
 use rocemu_conformance::dut::{SelfAgent, SharedDut};
-use rocemu_conformance::runner::{run_self, run_self_with};
-use rocemu_conformance::scenarios::{by_id, catalogue};
+use rocemu_conformance::runner::run_self;
+use rocemu_conformance::scenarios::catalogue;
 use rocemu_emulator::rnic::Access;
 use rocemu_wire::frame::IpRepr;
-use rocemu_wire::{
-    parse_frame, FrameRepr, NakCode, Opcode, Psn, QKey, Qpn, RKey, Syndrome, SyndromeKind,
-};
+use rocemu_wire::{parse_frame, NakCode, Opcode, Psn, QKey, Qpn, RKey, Syndrome, SyndromeKind};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
 
-/// Re-emits a frame after `f` changed its headers or payload (pad bytes are dropped first and
-/// re-added per `bth.pad`): lengths, the IPv4 checksum and the ICRC come out right.
-fn rewrite(frame: Vec<u8>, f: impl FnOnce(&mut FrameRepr, &mut Vec<u8>)) -> Vec<u8> {
-    let Ok(p) = parse_frame(&frame) else {
-        return frame;
-    };
-    let mut repr = FrameRepr::from_parsed(&p);
-    let mut payload = p.payload.to_vec();
-    f(&mut repr, &mut payload);
-    let mut buf = vec![0u8; repr.frame_len(payload.len()) + 64];
-    match repr.emit_with_payload(&mut buf, &payload) {
-        Ok(n) => {
-            buf.truncate(n);
-            buf
-        }
-        Err(_) => frame,
-    }
-}
-
-type Edit = Box<dyn FnMut(&mut FrameRepr, &mut Vec<u8>)>;
-
-/// Breaks the frames the RNIC receives.
-fn rx(
-    edit: impl FnMut(&mut FrameRepr, &mut Vec<u8>) + 'static,
-) -> impl FnOnce(&SharedDut, SelfAgent) -> Box<dyn Agent> {
-    let mut edit: Edit = Box::new(edit);
-    move |dut, agent| {
-        dut.borrow_mut().rx_filter = Some(Box::new(move |f| vec![rewrite(f, &mut edit)]));
-        Box::new(agent)
-    }
-}
-
-/// Breaks the frames the RNIC sends.
-fn tx(
-    edit: impl FnMut(&mut FrameRepr, &mut Vec<u8>) + 'static,
-) -> impl FnOnce(&SharedDut, SelfAgent) -> Box<dyn Agent> {
-    let mut edit: Edit = Box::new(edit);
-    move |dut, agent| {
-        dut.borrow_mut().tx_filter = Some(Box::new(move |f| vec![rewrite(f, &mut edit)]));
-        Box::new(agent)
-    }
-}
-
-/// What a misbehaving agent does with each request, given the real one.
-type Misbehave = Box<dyn FnMut(&mut SelfAgent, Request) -> AgentResult<Reply>>;
-
-/// An agent that lets `f` see (and change) every request and reply.
-struct Wrapped {
-    inner: SelfAgent,
-    f: Misbehave,
-}
-
-impl Agent for Wrapped {
-    fn call(&mut self, req: Request) -> AgentResult<Reply> {
-        (self.f)(&mut self.inner, req)
-    }
-}
-
-fn agent(
-    f: impl FnMut(&mut SelfAgent, Request) -> AgentResult<Reply> + 'static,
-) -> impl FnOnce(&SharedDut, SelfAgent) -> Box<dyn Agent> {
-    move |_, inner| {
-        Box::new(Wrapped {
-            inner,
-            f: Box::new(f),
-        })
-    }
-}
-
-/// Runs `id` against the broken device and checks it fails; returns the reason.
-fn fails(id: &str, breaker: impl FnOnce(&SharedDut, SelfAgent) -> Box<dyn Agent>) -> String {
-    let sc = by_id(id).unwrap_or_else(|| panic!("no scenario {id}"));
-    let run = run_self_with(&sc, breaker);
-    assert!(
-        !run.result.passed,
-        "{id} passed against a device broken for it"
-    );
-    let reason = run.result.reason.unwrap_or_default();
-    eprintln!("{id} fails as it should: {reason}");
-    reason
-}
-
-fn is_nak(r: &FrameRepr, code: NakCode) -> bool {
-    r.ext
-        .aeth
-        .is_some_and(|a| a.syndrome.kind() == SyndromeKind::Nak(code))
-}
-
-/// A device that does not check `what`: the frame reaches the RNIC as if it were right.
-fn ignores(what: fn(&mut FrameRepr)) -> impl FnOnce(&SharedDut, SelfAgent) -> Box<dyn Agent> {
-    rx(move |r, _| what(r))
-}
+mod breakers;
+use breakers::*;
 
 #[test]
 fn every_scenario_passes_on_rocemu() {
@@ -938,11 +846,19 @@ fn more_requester_scenarios_fail_when_responses_are_misread() {
     fails("verbs.modify.rtr-needs-attributes", swallows("modify_qp"));
 }
 
-/// The scenarios no test above breaks a device for. Keep this list empty: a scenario that
-/// cannot be shown to fail proves nothing.
+/// The scenarios no test breaks a device for, in this file or any `tests/broken_*.rs`. Keep this
+/// list empty: a scenario that cannot be shown to fail proves nothing.
 #[test]
 fn every_scenario_has_a_failing_device_test() {
-    let src = include_str!("broken.rs");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
+    let mut src = String::new();
+    for e in std::fs::read_dir(&dir).expect("conformance/tests") {
+        let p = e.expect("a directory entry").path();
+        let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if name.starts_with("broken") && name.ends_with(".rs") {
+            src += &std::fs::read_to_string(&p).expect("a test file");
+        }
+    }
     let missing: Vec<&str> = catalogue()
         .iter()
         .map(|s| s.id)

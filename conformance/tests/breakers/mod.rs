@@ -1,0 +1,102 @@
+//! What every failing-device test file shares (`broken.rs` and `broken_*.rs`): filters that break
+//! the frames a RoCEmu device receives or sends, agents that misbehave on the control side, and
+//! `fails`, which runs a scenario against such a device and checks that it fails.
+#![allow(dead_code)]
+use rocemu_conformance::agent::{Agent, AgentResult, Reply, Request};
+use rocemu_conformance::dut::{SelfAgent, SharedDut};
+use rocemu_conformance::runner::run_self_with;
+use rocemu_conformance::scenarios::by_id;
+use rocemu_wire::{parse_frame, FrameRepr, NakCode, SyndromeKind};
+
+/// Re-emits a frame after `f` changed its headers or payload (pad bytes are dropped first and
+/// re-added per `bth.pad`): lengths, the IPv4 checksum and the ICRC come out right.
+pub fn rewrite(frame: Vec<u8>, f: impl FnOnce(&mut FrameRepr, &mut Vec<u8>)) -> Vec<u8> {
+    let Ok(p) = parse_frame(&frame) else {
+        return frame;
+    };
+    let mut repr = FrameRepr::from_parsed(&p);
+    let mut payload = p.payload.to_vec();
+    f(&mut repr, &mut payload);
+    let mut buf = vec![0u8; repr.frame_len(payload.len()) + 64];
+    match repr.emit_with_payload(&mut buf, &payload) {
+        Ok(n) => {
+            buf.truncate(n);
+            buf
+        }
+        Err(_) => frame,
+    }
+}
+
+pub type Edit = Box<dyn FnMut(&mut FrameRepr, &mut Vec<u8>)>;
+
+/// Breaks the frames the RNIC receives.
+pub fn rx(
+    edit: impl FnMut(&mut FrameRepr, &mut Vec<u8>) + 'static,
+) -> impl FnOnce(&SharedDut, SelfAgent) -> Box<dyn Agent> {
+    let mut edit: Edit = Box::new(edit);
+    move |dut, agent| {
+        dut.borrow_mut().rx_filter = Some(Box::new(move |f| vec![rewrite(f, &mut edit)]));
+        Box::new(agent)
+    }
+}
+
+/// Breaks the frames the RNIC sends.
+pub fn tx(
+    edit: impl FnMut(&mut FrameRepr, &mut Vec<u8>) + 'static,
+) -> impl FnOnce(&SharedDut, SelfAgent) -> Box<dyn Agent> {
+    let mut edit: Edit = Box::new(edit);
+    move |dut, agent| {
+        dut.borrow_mut().tx_filter = Some(Box::new(move |f| vec![rewrite(f, &mut edit)]));
+        Box::new(agent)
+    }
+}
+
+/// What a misbehaving agent does with each request, given the real one.
+pub type Misbehave = Box<dyn FnMut(&mut SelfAgent, Request) -> AgentResult<Reply>>;
+
+/// An agent that lets `f` see (and change) every request and reply.
+pub struct Wrapped {
+    pub inner: SelfAgent,
+    pub f: Misbehave,
+}
+
+impl Agent for Wrapped {
+    fn call(&mut self, req: Request) -> AgentResult<Reply> {
+        (self.f)(&mut self.inner, req)
+    }
+}
+
+pub fn agent(
+    f: impl FnMut(&mut SelfAgent, Request) -> AgentResult<Reply> + 'static,
+) -> impl FnOnce(&SharedDut, SelfAgent) -> Box<dyn Agent> {
+    move |_, inner| {
+        Box::new(Wrapped {
+            inner,
+            f: Box::new(f),
+        })
+    }
+}
+
+/// Runs `id` against the broken device and checks it fails; returns the reason.
+pub fn fails(id: &str, breaker: impl FnOnce(&SharedDut, SelfAgent) -> Box<dyn Agent>) -> String {
+    let sc = by_id(id).unwrap_or_else(|| panic!("no scenario {id}"));
+    let run = run_self_with(&sc, breaker);
+    assert!(
+        !run.result.passed,
+        "{id} passed against a device broken for it"
+    );
+    let reason = run.result.reason.unwrap_or_default();
+    eprintln!("{id} fails as it should: {reason}");
+    reason
+}
+
+pub fn is_nak(r: &FrameRepr, code: NakCode) -> bool {
+    r.ext
+        .aeth
+        .is_some_and(|a| a.syndrome.kind() == SyndromeKind::Nak(code))
+}
+
+/// A device that does not check `what`: the frame reaches the RNIC as if it were right.
+pub fn ignores(what: fn(&mut FrameRepr)) -> impl FnOnce(&SharedDut, SelfAgent) -> Box<dyn Agent> {
+    rx(move |r, _| what(r))
+}
