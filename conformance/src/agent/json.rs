@@ -249,6 +249,7 @@ fn send_wr_of(o: &Obj) -> Result<SendWr, String> {
         swap: u64_or(o, "swap", 0)?,
         signaled: bool_or(o, "signaled", true)?,
         ud,
+        solicited: bool_or(o, "solicited", false)?,
     })
 }
 
@@ -315,6 +316,9 @@ pub fn request_json(req: &Request) -> Value {
             put("compare_add", wr.compare_add.into());
             put("swap", wr.swap.into());
             put("signaled", wr.signaled.into());
+            if wr.solicited {
+                put("solicited", true.into());
+            }
             if let Some(u) = &wr.ud {
                 put(
                     "ud",

@@ -252,6 +252,8 @@ pub struct SendWr {
     pub swap: u64,
     pub signaled: bool,
     pub ud: Option<UdDest>,
+    /// `IBV_SEND_SOLICITED`: the last packet of the message carries the BTH SE bit.
+    pub solicited: bool,
 }
 
 impl SendWr {
@@ -268,6 +270,7 @@ impl SendWr {
             swap: 0,
             signaled: true,
             ud: None,
+            solicited: false,
         }
     }
 }

@@ -8,6 +8,7 @@ pub mod psn;
 pub mod rc;
 pub mod rdma;
 pub mod req;
+pub mod resp;
 pub mod sec;
 pub mod ucud;
 pub mod verbs;
@@ -21,6 +22,7 @@ pub fn catalogue() -> Vec<Scenario> {
         rdma::SCENARIOS,
         req::SCENARIOS,
         rc::SCENARIOS,
+        resp::SCENARIOS,
         ucud::SCENARIOS,
         verbs::SCENARIOS,
         sec::SCENARIOS,
