@@ -167,6 +167,41 @@ fn send_with_invalidate_fails_when_the_ieth_is_ignored_or_the_nak_is_another() {
         }),
     );
     assert!(why.contains("InvalidRequest"), "{why}");
+    // A device that invalidates keys of any protection domain: the IETH reaches the RNIC naming
+    // the QP's own MR (the last one registered before the other PD's), which it may invalidate.
+    let own: Rc<RefCell<Vec<rocemu_wire::RKey>>> = Rc::default();
+    let seen = own.clone();
+    fails(
+        "rdma.send-inv.other-pd-rkey-nak",
+        move |dut: &SharedDut, inner: SelfAgent| {
+            dut.borrow_mut().rx_filter = Some(Box::new(move |f| {
+                vec![rewrite(f, |r, _| {
+                    if let (Some(k), Some(first)) = (r.ext.ieth.as_mut(), own.borrow().first()) {
+                        *k = *first;
+                    }
+                })]
+            }));
+            Box::new(Wrapped {
+                inner,
+                f: Box::new(move |a, req| {
+                    let r = a.call(req)?;
+                    if let Reply::Mr(m) = &r {
+                        seen.borrow_mut().push(m.rkey);
+                    }
+                    Ok(r)
+                }),
+            }) as Box<dyn Agent>
+        },
+    );
+    fails(
+        "rdma.send-inv.other-pd-rkey-nak",
+        rx(|r, _| {
+            if r.bth.opcode == Opcode::RC_SEND_ONLY_WITH_INVALIDATE {
+                r.bth.opcode = Opcode::RC_SEND_ONLY;
+                r.ext.ieth = None;
+            }
+        }),
+    );
 }
 
 #[test]
@@ -304,6 +339,35 @@ fn ud_scenarios_fail_when_the_completion_or_the_mtu_rule_is_broken() {
                 Ok(Reply::Wcs(w))
             }
             r => Ok(r),
+        }),
+    );
+}
+
+#[test]
+fn more_solicited_scenarios_fail_when_the_se_bit_is_lost_or_everywhere() {
+    for id in [
+        "rdma.requester.solicited-write-imm-se",
+        "ud.send.solicited-se",
+    ] {
+        fails(id, tx(|r, _| r.bth.solicited = false));
+    }
+    fails(
+        "ud.send.solicited-se",
+        tx(|r, _| {
+            if r.bth.opcode.info().is_request() {
+                r.bth.solicited = true;
+            }
+        }),
+    );
+    // IBV_SEND_SOLICITED not passed on to the device.
+    fails(
+        "rdma.requester.solicited-write-imm-se",
+        agent(|a, req| match req {
+            Request::PostSend { qpn, mut wr } => {
+                wr.solicited = false;
+                a.call(Request::PostSend { qpn, wr })
+            }
+            r => a.call(r),
         }),
     );
 }

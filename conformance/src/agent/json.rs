@@ -723,7 +723,14 @@ mod tests {
             Request::DestroyQp { qpn: Qpn::new(5) },
             Request::PostSend {
                 qpn: Qpn::new(5),
-                wr,
+                wr: wr.clone(),
+            },
+            Request::PostSend {
+                qpn: Qpn::new(6),
+                wr: SendWr {
+                    solicited: true,
+                    ..wr
+                },
             },
             Request::PostRecv {
                 qpn: Qpn::new(5),

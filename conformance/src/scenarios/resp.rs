@@ -108,6 +108,24 @@ pub const SCENARIOS: &[Scenario] = &[
         cites: &[cite::BTH_SE, cite::BTH],
         run: solicited_se,
     },
+    Scenario {
+        id: "rdma.requester.solicited-write-imm-se",
+        title: "The device's RDMA WRITE with immediate posted with IBV_SEND_SOLICITED carries SE on its one packet",
+        cites: &[cite::BTH_SE, cite::IMMDT],
+        run: solicited_write_imm,
+    },
+    Scenario {
+        id: "ud.send.solicited-se",
+        title: "The device's UD SEND posted with IBV_SEND_SOLICITED carries SE; one posted without it does not",
+        cites: &[cite::BTH_SE, cite::UD_RULES],
+        run: ud_solicited,
+    },
+    Scenario {
+        id: "rdma.send-inv.other-pd-rkey-nak",
+        title: "A SEND ONLY with invalidate naming the R_Key of an MR in another protection domain is NAKed invalid request, its receive does not complete successfully, and the QP goes to ERR",
+        cites: &[cite::IETH, cite::SEND_INV_ERROR, cite::ERROR_CLASSES],
+        run: send_inv_other_pd,
+    },
 ];
 
 /// One NAK with `code` at `psn` and nothing else within the settle time.
@@ -456,19 +474,40 @@ fn send_inv_unknown(ctx: &mut Ctx<'_>) -> Outcome {
         ..Default::default()
     })?;
     let unknown = RKey(c.mr.rkey.0 ^ 0x0100_0080);
-    let mut s = ctx
-        .req(&c, Opcode::RC_SEND_ONLY_WITH_INVALIDATE, c.peer_psn)
-        .payload(&pattern(0x78, 8))
-        .ack_req(true);
-    s.repr.ext.ieth = Some(unknown);
-    ctx.peer.send(&s)?;
     let what = format!(
         "a SEND ONLY with invalidate of R_Key 0x{:08x}, which no MR has",
         unknown.0
     );
+    send_inv_refused(ctx, &c, unknown, &what)
+}
+
+fn send_inv_other_pd(ctx: &mut Ctx<'_>) -> Outcome {
+    let c = ctx.connect(ConnOpts {
+        recvs: 1,
+        recv_len: 64,
+        ..Default::default()
+    })?;
+    let pd = ctx.agent.alloc_pd()?;
+    let other = ctx.agent.reg_mr(pd, 4096, Access::ALL)?;
+    let what = format!(
+        "a SEND ONLY with invalidate of R_Key 0x{:08x}, an MR's in another PD",
+        other.rkey.0
+    );
+    send_inv_refused(ctx, &c, other.rkey, &what)
+}
+
+/// A SEND ONLY with invalidate of `key`, which this QP may not invalidate: one NAK invalid
+/// request at its PSN, no successful receive, the QP in ERR.
+fn send_inv_refused(ctx: &mut Ctx<'_>, c: &Conn, key: RKey, what: &str) -> Outcome {
+    let mut s = ctx
+        .req(c, Opcode::RC_SEND_ONLY_WITH_INVALIDATE, c.peer_psn)
+        .payload(&pattern(0x78, 8))
+        .ack_req(true);
+    s.repr.ext.ieth = Some(key);
+    ctx.peer.send(&s)?;
     // Everything is gathered before the verdict, so that a failure says all the device did.
     let got = ctx.peer.collect(None);
-    let w = ctx.wcs(&c, 1)?;
+    let w = ctx.wcs(c, 1)?;
     let state = ctx.agent.query_qp(c.qpn)?.qp_state;
     let naked =
         matches!(got.as_slice(), [p] if p.is_nak(NakCode::InvalidRequest) && p.psn() == c.peer_psn);
@@ -767,4 +806,73 @@ fn solicited_se(ctx: &mut Ctx<'_>) -> Outcome {
             got.iter().map(|p| p.bth.solicited).collect::<Vec<_>>()
         )),
     }
+}
+
+fn solicited_write_imm(ctx: &mut Ctx<'_>) -> Outcome {
+    let c = ctx.connect(ConnOpts::requester())?;
+    let mut wr = SendWr::new(
+        1,
+        SendOpcode::RdmaWriteWithImm,
+        vec![Sge {
+            addr: c.mr.addr,
+            length: 16,
+            lkey: c.mr.lkey,
+        }],
+    );
+    wr.remote_addr = 0x7100_0000;
+    wr.rkey = RKey(0x1234);
+    wr.imm_data = 0x5e5e_0001;
+    wr.solicited = true;
+    ctx.agent.post_send(c.qpn, wr)?;
+    let got = ctx.peer.collect(None);
+    match got.as_slice() {
+        [p] if p.opcode() == Opcode::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE && p.bth.solicited => Ok(()),
+        _ => Err(format!(
+            "a 16-byte RDMA WRITE with immediate posted with IBV_SEND_SOLICITED: expected one RDMA_WRITE_ONLY_WITH_IMMEDIATE with SE 1, got {} with SE {:?}",
+            describe(&got),
+            got.iter().map(|p| p.bth.solicited).collect::<Vec<_>>()
+        )),
+    }
+}
+
+fn ud_solicited(ctx: &mut Ctx<'_>) -> Outcome {
+    let c = ctx.connect(ud(0, 64))?;
+    let mut se = Vec::new();
+    for (id, solicited) in [(1u64, true), (2, false)] {
+        let mut wr = SendWr::new(
+            id,
+            SendOpcode::Send,
+            vec![Sge {
+                addr: c.mr.addr,
+                length: 8,
+                lkey: c.mr.lkey,
+            }],
+        );
+        wr.ud = Some(UdDest {
+            ah: Ah {
+                sgid_index: ctx.sgid_index(),
+                ..Ah::to(ctx.peer.ip)
+            },
+            remote_qpn: c.peer_qpn,
+            remote_qkey: QKey(0x1111_1111),
+        });
+        wr.solicited = solicited;
+        ctx.agent.post_send(c.qpn, wr)?;
+        let got = ctx.peer.collect(None);
+        match got.as_slice() {
+            [p] if p.opcode() == Opcode::UD_SEND_ONLY => se.push(p.bth.solicited),
+            _ => {
+                return Err(format!(
+                    "a UD send of 8 bytes: expected one UD_SEND_ONLY, got {}",
+                    describe(&got)
+                ))
+            }
+        }
+    }
+    if se != [true, false] {
+        return Err(format!(
+            "two UD sends, posted with IBV_SEND_SOLICITED and without: expected SE 1 then 0, got {se:?}"
+        ));
+    }
+    Ok(())
 }
