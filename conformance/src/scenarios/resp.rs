@@ -1,9 +1,10 @@
 //! The RC responder, UC and UD beyond `rc.rs` and `ucud.rs` (issue 20, item 2): READs and atomics
 //! to a QP with no responder resources, duplicate READs (forgotten, shortened, from the middle
 //! of their response, with a bad R_Key) and a forgotten duplicate atomic, the pad count against
-//! the RETH length, SEND with invalidate of an unknown key, the AETH credit field, the SE bit on
-//! the device's own sends; READ and atomic opcodes on a UC QP; UD sends over the MTU and what the
-//! completion of a received datagram says of its sender. Citations: `crate::cite`.
+//! the RETH length, SEND with invalidate of a key the QP may not invalidate (unknown, another
+//! PD's), the AETH credit field, the SE bit on the device's SENDs, WRITEs with immediate and UD
+//! sends; READ and atomic opcodes on a UC QP; UD sends over the port MTU (C10-93.1.1) and what
+//! the completion of a received datagram says of its sender. Citations: `crate::cite`.
 use crate::agent::{Ah, SendOpcode, SendWr, Sge, UdDest, WorkCompletion};
 use crate::cite;
 use crate::peer::{describe, Pkt};
@@ -338,7 +339,7 @@ fn dup_read_middle(ctx: &mut Ctx<'_>) -> Outcome {
     if !w.is_empty() {
         return Err(format!("READs completed receives: {}", wcs_text(&w)));
     }
-    let _ = ctx.post_recv(&c, 77, 3072, 64);
+    ctx.post_recv(&c, 77, 3072, 64)?;
     send_goes_on(ctx, &c, e.add(3), "a READ retried from its middle")
 }
 
