@@ -412,3 +412,38 @@ fn resp_scenarios_fail_to_fail_with_no_op_breakers() {
         );
     }
 }
+
+/// Request frames that find no receive are kept and handed to the RNIC again, first, with the
+/// next frame after the agent posted a receive: a device that queues what it cannot take.
+fn kept_for_a_receive() -> impl FnOnce(&SharedDut, SelfAgent) -> Box<dyn Agent> {
+    let posted: Rc<RefCell<bool>> = Rc::default();
+    move |dut: &SharedDut, inner: SelfAgent| {
+        let p = posted.clone();
+        let mut held: Vec<Vec<u8>> = Vec::new();
+        dut.borrow_mut().rx_filter = Some(Box::new(move |f| {
+            if !*p.borrow() {
+                held.push(f);
+                return vec![];
+            }
+            let mut out = std::mem::take(&mut held);
+            out.push(f);
+            out
+        }));
+        Box::new(Wrapped {
+            inner,
+            f: Box::new(move |a, req| {
+                if matches!(req, Request::PostRecv { .. }) {
+                    *posted.borrow_mut() = true;
+                }
+                a.call(req)
+            }),
+        })
+    }
+}
+
+#[test]
+fn no_receive_scenarios_fail_when_the_message_is_kept_or_rnr_naked() {
+    fails("ud.recv.no-receive-dropped", kept_for_a_receive());
+    fails("uc.send.no-receive-no-rnr-nak", kept_for_a_receive());
+    fails("uc.send.no-receive-no-rnr-nak", uc_executes_rc_operations());
+}

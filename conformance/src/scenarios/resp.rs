@@ -127,6 +127,18 @@ pub const SCENARIOS: &[Scenario] = &[
         cites: &[cite::IETH, cite::SEND_INV_ERROR, cite::ERROR_CLASSES],
         run: send_inv_other_pd,
     },
+    Scenario {
+        id: "uc.send.no-receive-no-rnr-nak",
+        title: "A UC SEND with no receive posted is dropped silently (no RNR NAK: UC has none); the QP stays in RTS and the next SEND, a receive posted, lands in it",
+        cites: &[cite::UC_NO_ACK, cite::UC_ERROR_SILENT],
+        run: uc_no_receive,
+    },
+    Scenario {
+        id: "ud.recv.no-receive-dropped",
+        title: "A datagram with no receive posted is dropped silently; a receive posted afterwards takes the next datagram, not that one",
+        cites: &[cite::UD_RULES, cite::A17_UD_GRH],
+        run: ud_no_receive,
+    },
 ];
 
 /// One NAK with `code` at `psn` and nothing else within the settle time.
@@ -876,4 +888,62 @@ fn ud_solicited(ctx: &mut Ctx<'_>) -> Outcome {
         ));
     }
     Ok(())
+}
+
+fn uc_no_receive(ctx: &mut Ctx<'_>) -> Outcome {
+    let c = ctx.connect(uc(0))?;
+    let s = ctx
+        .req(&c, Opcode::UC_SEND_ONLY, c.peer_psn)
+        .payload(&pattern(0x7d, 8))
+        .ack_req(true);
+    ctx.peer.send(&s)?;
+    let what = "a UC SEND with no receive posted";
+    ctx.peer.expect_silence(what)?;
+    ctx.expect_no_wc(&c, what)?;
+    ctx.expect_state(&c, QpState::Rts, what)?;
+    ctx.post_recv(&c, 1000, 0, 64)?;
+    uc_send_goes_on(ctx, &c, c.peer_psn.add(1), what)?;
+    if ctx.mr_bytes(&c, 0, 8)? != pattern(0x7a, 8) {
+        return Err(format!(
+            "{what}: the receive posted afterwards holds other bytes than the SEND after it"
+        ));
+    }
+    Ok(())
+}
+
+fn ud_no_receive(ctx: &mut Ctx<'_>) -> Outcome {
+    let c = ctx.connect(ud(0, 256))?;
+    let first = ctx
+        .req(&c, Opcode::UD_SEND_ONLY, Psn::new(0x90))
+        .deth(c.qkey, c.peer_qpn)
+        .payload(&pattern(0x6a, 16));
+    ctx.peer.send(&first)?;
+    let what = "a datagram with no receive posted";
+    ctx.peer.expect_silence(what)?;
+    ctx.expect_no_wc(&c, what)?;
+    ctx.post_recv(&c, 1, 0, 256)?;
+    let next = pattern(0x6b, 16);
+    let second = ctx
+        .req(&c, Opcode::UD_SEND_ONLY, Psn::new(0x91))
+        .deth(c.qkey, c.peer_qpn)
+        .payload(&next);
+    ctx.peer.send(&second)?;
+    let wc = ctx.expect_wc(
+        &c,
+        "IBV_WC_SUCCESS",
+        Some("IBV_WC_RECV"),
+        "the datagram after a receive was posted",
+    )?;
+    let got = ctx.mr_bytes(&c, 40, 16)?;
+    if wc.byte_len != 56 || got != next {
+        return Err(format!(
+            "{what}, then a receive and another datagram: expected that one's 16 bytes after the GRH area (byte_len 56), got {wc} holding {}",
+            if got == pattern(0x6a, 16) {
+                "the dropped datagram's bytes"
+            } else {
+                "other bytes"
+            }
+        ));
+    }
+    ctx.expect_no_wc(&c, "after the second datagram")
 }
