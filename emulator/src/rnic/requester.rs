@@ -221,8 +221,8 @@ pub(crate) fn produce(dev: &mut Dev, qp: &mut Qp, now: Nanos, buf: &mut [u8]) ->
         }
         let npkts = match w.wr.opcode {
             WrOpcode::AtomicCmpSwap { .. } | WrOpcode::AtomicFetchAdd { .. } => 1,
-            // A UD message is one packet (its length was checked against the MTU at post;
-            // a UD QP has no path MTU of its own).
+            // A UD message is one packet (one longer than the port MTU completed unsent in
+            // skip_ud_over_mtu; a UD QP has no path MTU of its own).
             _ if qp.qp_type == QpType::Ud => 1,
             _ => qp.pkts_for(w.len),
         };
