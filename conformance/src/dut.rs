@@ -17,7 +17,7 @@ use rocemu_wire::arp::{ArpRepr, OP_REPLY, OP_REQUEST};
 use rocemu_wire::eth::{EthernetRepr, Mac, ETHERTYPE_ARP};
 use std::cell::RefCell;
 use std::collections::VecDeque;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
@@ -43,6 +43,26 @@ pub const DUT_IP: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 77, 0, 1));
 /// The peer's, in both modes unless told otherwise.
 pub const PEER_MAC: Mac = Mac([0x02, 0x52, 0x4f, 0x43, 0x45, 0x20]);
 pub const PEER_IP: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 77, 0, 2));
+/// The device's IPv6 address with `--target self` (its second GID, after [`DUT_IP`]): the
+/// link-local address of [`DUT_MAC`], as rdma_rxe's IPv6 GID is of its interface's MAC.
+pub const DUT_IP6: IpAddr = IpAddr::V6(link_local(DUT_MAC));
+/// The peer's IPv6 address in both modes: the link-local address of [`PEER_MAC`].
+pub const PEER_IP6: IpAddr = IpAddr::V6(link_local(PEER_MAC));
+
+/// The IPv6 link-local address (fe80::/64, modified EUI-64, RFC 4291 appendix A) of `mac`.
+pub const fn link_local(mac: Mac) -> Ipv6Addr {
+    let m = mac.0;
+    Ipv6Addr::new(
+        0xfe80,
+        0,
+        0,
+        0,
+        ((m[0] ^ 0x02) as u16) << 8 | m[1] as u16,
+        (m[2] as u16) << 8 | 0xff,
+        0xfe00 | m[3] as u16,
+        (m[4] as u16) << 8 | m[5] as u16,
+    )
+}
 
 /// Every virtual-time loop is bounded: an RNIC that keeps asking for the same instant must not
 /// hang the run (the scenario then fails on what did not come).
@@ -72,13 +92,16 @@ impl std::fmt::Debug for SelfDut {
 }
 
 impl SelfDut {
-    /// An RNIC at [`DUT_MAC`] / [`DUT_IP`] (1500-byte Ethernet MTU, active MTU 1024, as rxe on a
-    /// default interface) that knows the peer's MAC.
+    /// An RNIC at [`DUT_MAC`] / [`DUT_IP`], and [`DUT_IP6`] as its second GID (1500-byte
+    /// Ethernet MTU, active MTU 1024, as rxe on a default interface) that knows the peer's MAC
+    /// at both of the peer's addresses.
     pub fn new(seed: u64) -> SelfDut {
         let mut cfg = RnicConfig::new(DUT_MAC, DUT_IP, seed);
         cfg.eth_mtu = 1500;
+        cfg.ips.push(DUT_IP6);
         let mut rnic = Rnic::new(cfg);
         rnic.set_neighbor(PEER_IP, PEER_MAC);
+        rnic.set_neighbor(PEER_IP6, PEER_MAC);
         SelfDut {
             rnic,
             objs: Objects::default(),

@@ -273,6 +273,28 @@ impl<'a> Ctx<'a> {
             .min(255) as u8
     }
 
+    /// Moves the peer to IPv6 for the rest of the scenario: the device's address under test
+    /// becomes its first IPv6 GID (not an IPv4-mapped one), the peer's the link-local address of
+    /// its MAC ([`crate::dut::link_local`]). Connections made afterwards use them.
+    pub fn use_ipv6(&mut self) -> Outcome {
+        let dut6 = self
+            .dev
+            .gids
+            .iter()
+            .copied()
+            .find(|g| matches!(g, std::net::IpAddr::V6(a) if a.to_ipv4_mapped().is_none()))
+            .ok_or_else(|| {
+                format!(
+                    "the device has no IPv6 GID (its GIDs: {:?}): RoCEv2 ports support both \
+                     IPv4 and IPv6 (Annex A17, CA17-1)",
+                    self.dev.gids
+                )
+            })?;
+        self.peer.ip = std::net::IpAddr::V6(crate::dut::link_local(self.peer.mac));
+        self.peer.dut_ip = dut6;
+        Ok(())
+    }
+
     /// Posts a receive over `len` bytes of the connection's MR at `offset`.
     pub fn post_recv(&mut self, c: &Conn, wr_id: u64, offset: u64, len: u32) -> Result<(), String> {
         self.agent.post_recv(

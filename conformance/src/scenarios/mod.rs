@@ -8,6 +8,7 @@ pub mod psn;
 pub mod rc;
 pub mod rdma;
 pub mod req;
+pub mod roce;
 pub mod sec;
 pub mod ucud;
 pub mod verbs;
@@ -16,6 +17,7 @@ pub mod verbs;
 pub fn catalogue() -> Vec<Scenario> {
     [
         hdr::SCENARIOS,
+        roce::SCENARIOS,
         psn::SCENARIOS,
         msg::SCENARIOS,
         rdma::SCENARIOS,
