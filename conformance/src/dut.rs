@@ -371,7 +371,32 @@ fn transmit(port: &mut dyn Port, frame: &[u8]) {
     port.flush();
 }
 
-/// One burst: answers ARP for `ip`, hands on what is addressed to `mac`. Returns the frames seen.
+/// The neighbor advertisement that answers `f` when it is a neighbor solicitation for the
+/// link-local address of `mac` ([`link_local`], the peer's IPv6 address), as a frame.
+fn nd_answer(f: &[u8], l3: usize, from: Mac, mac: Mac) -> Option<Vec<u8>> {
+    use rocemu_wire::ip::{Ipv6Repr, IPV6_HEADER_LEN};
+    use rocemu_wire::nd::NdRepr;
+    let (ip, dgram) = Ipv6Repr::parse(&f[l3..]).ok()?;
+    let me = link_local(mac);
+    match NdRepr::parse(&ip, &dgram[IPV6_HEADER_LEN..]).ok()? {
+        NdRepr::Solicit { target, .. } if target == me && !ip.src.is_unspecified() => {
+            let na = NdRepr::Advert {
+                router: false,
+                solicited: true,
+                override_: true,
+                target: me,
+                target_mac: Some(mac),
+            };
+            let mut buf = [0u8; 128];
+            let n = na.emit_frame(mac, from, me, ip.src, &mut buf);
+            Some(buf[..n].to_vec())
+        }
+        _ => None,
+    }
+}
+
+/// One burst: answers ARP for `ip` and IPv6 neighbor solicitations for the link-local address of
+/// `mac`, hands on what is addressed to `mac`. Returns the frames seen.
 fn receive(
     port: &mut dyn Port,
     mac: Mac,
@@ -380,10 +405,17 @@ fn receive(
     out: &mpsc::Sender<(Duration, Vec<u8>)>,
 ) -> usize {
     let mut replies = Vec::new();
+    let mut adverts = Vec::new();
     let n = port.rx_burst(32, &mut |f| {
         let Ok((eth, l3)) = EthernetRepr::parse(f) else {
             return;
         };
+        if eth.ethertype == rocemu_wire::eth::ETHERTYPE_IPV6 {
+            if let Some(na) = nd_answer(f, l3, eth.src, mac) {
+                adverts.push(na);
+                return;
+            }
+        }
         if eth.ethertype == ETHERTYPE_ARP {
             if let (Ok(a), IpAddr::V4(me)) = (ArpRepr::parse(&f[l3..]), ip) {
                 if a.op == OP_REQUEST && a.target_ip == me {
@@ -407,6 +439,9 @@ fn receive(
         let mut buf = [0u8; 64];
         let len = reply.emit_frame(to, &mut buf);
         transmit(port, &buf[..len]);
+    }
+    for na in adverts {
+        transmit(port, &na);
     }
     n
 }
