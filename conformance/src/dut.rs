@@ -459,3 +459,59 @@ impl Link for PortLink {
         self.start.elapsed()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rocemu_wire::nd::{multicast_mac, solicited_node, NdRepr};
+
+    #[test]
+    fn link_local_is_the_modified_eui64_of_the_mac() {
+        // RFC 4291 appendix A: 52:54:00:99:ff:02 → fe80::5054:ff:fe99:ff02 (rxevm's peer).
+        let mac = Mac([0x52, 0x54, 0x00, 0x99, 0xff, 0x02]);
+        assert_eq!(
+            link_local(mac),
+            "fe80::5054:ff:fe99:ff02".parse::<Ipv6Addr>().unwrap()
+        );
+    }
+
+    /// A neighbor solicitation from `from` (at `src`) for `target`, multicast as hosts send it.
+    fn solicit(from: Mac, src: Ipv6Addr, target: Ipv6Addr) -> Vec<u8> {
+        let ns = NdRepr::Solicit {
+            target,
+            source_mac: Some(from),
+        };
+        let mut buf = [0u8; 128];
+        let dst = solicited_node(target);
+        let n = ns.emit_frame(from, multicast_mac(dst), src, dst, &mut buf);
+        buf[..n].to_vec()
+    }
+
+    #[test]
+    fn the_port_answers_solicitations_for_the_peers_link_local_address_only() {
+        let host = Mac([0x52, 0x54, 0x00, 0x99, 0x00, 0x01]);
+        let host_ip = link_local(host);
+        let me = link_local(PEER_MAC);
+        let f = solicit(host, host_ip, me);
+        let na = nd_answer(&f, 14, host, PEER_MAC).expect("an advertisement");
+        let (eth, l3) = EthernetRepr::parse(&na).unwrap();
+        assert_eq!((eth.src, eth.dst), (PEER_MAC, host));
+        let (ip, dgram) = rocemu_wire::ip::Ipv6Repr::parse(&na[l3..]).unwrap();
+        assert_eq!((ip.src, ip.dst), (me, host_ip));
+        assert_eq!(
+            NdRepr::parse(&ip, &dgram[40..]).unwrap(),
+            NdRepr::Advert {
+                router: false,
+                solicited: true,
+                override_: true,
+                target: me,
+                target_mac: Some(PEER_MAC),
+            }
+        );
+        // Another target, or duplicate address detection (from ::), gets nothing.
+        let other = solicit(host, host_ip, link_local(DUT_MAC));
+        assert!(nd_answer(&other, 14, host, PEER_MAC).is_none());
+        let dad = solicit(host, Ipv6Addr::UNSPECIFIED, me);
+        assert!(nd_answer(&dad, 14, host, PEER_MAC).is_none());
+    }
+}
