@@ -500,8 +500,7 @@ pub const A17_CNP_FORMAT: Cite = a17(
 );
 pub const A17_CNP_REACTION: Cite = a17(
     "A17.9.3",
-    "CA17-45: a received CNP reduces the injection rate of the QP it names (and does nothing \
-     else)",
+    "CA17-45: a received CNP reduces the injection rate of the QP it names",
 );
 
 #[cfg(test)]
