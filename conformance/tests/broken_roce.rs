@@ -352,6 +352,17 @@ fn cnp_scenarios_fail_without_a_notification_point_or_with_a_wrong_one() {
     fails("cnp.ipv6.ce-marked-answered", no_cnps());
     fails("cnp.pkey-of-marked-packet", no_cnps());
     fails("cnp.ce-burst-bounded", no_cnps());
+    fails("cnp.ud.ce-marked-answered", no_cnps());
+    // A UD CNP sent to the destination QP of the datagram (the device's own) instead of the
+    // DETH's source QP.
+    fails(
+        "cnp.ud.ce-marked-answered",
+        tx(|r, _| {
+            if r.bth.opcode == Opcode::CNP {
+                r.bth.dqpn = Qpn::new(r.bth.dqpn.value() ^ 0x10);
+            }
+        }),
+    );
     // The Figure 6 fields, one at a time.
     let cnp_edit = |edit: fn(&mut rocemu_wire::FrameRepr)| {
         tx(move |r, _| {

@@ -232,6 +232,12 @@ pub const SCENARIOS: &[Scenario] = &[
         run: cnp_burst,
     },
     Scenario {
+        id: "cnp.ud.ce-marked-answered",
+        title: "A UD SEND marked CE is delivered and answered by a CNP to the DETH's source QP",
+        cites: &[cite::A17_CNP, cite::A17_CNP_FORMAT],
+        run: cnp_ud,
+    },
+    Scenario {
         id: "ecn.ect-not-answered",
         title: "SENDs marked ECT(0) and ECT(1) (ECN '10', '01') get their ACKs and no CNP",
         cites: &[cite::A17_CNP],
@@ -884,6 +890,42 @@ fn cnp_burst(ctx: &mut Ctx<'_>) -> Outcome {
         check_cnp(ctx, &c, p, PKey::DEFAULT)?;
     }
     Ok(())
+}
+
+fn cnp_ud(ctx: &mut Ctx<'_>) -> Outcome {
+    let c = ctx.connect(ConnOpts {
+        qp_type: rocemu_emulator::rnic::QpType::Ud,
+        recvs: 1,
+        recv_len: 40 + 32,
+        ..Default::default()
+    })?;
+    let r = ctx
+        .req(&c, Opcode::UD_SEND_ONLY, Psn::new(0x77))
+        .deth(c.qkey, c.peer_qpn)
+        .payload(&pattern(0x6a, 32));
+    ctx.peer.send(&set_ecn(r, 3))?;
+    let (cnps, rest) = split_cnps(ctx.peer.collect(None));
+    if !rest.is_empty() {
+        return Err(format!(
+            "a CE-marked UD SEND_ONLY: expected a CNP alone, also got {}",
+            describe(&rest)
+        ));
+    }
+    ctx.expect_wc(
+        &c,
+        "IBV_WC_SUCCESS",
+        Some("IBV_WC_RECV"),
+        "a CE-marked UD SEND_ONLY",
+    )?;
+    match cnps.as_slice() {
+        // The DETH's source QP is the connection's peer QP: check_cnp's DestQP.
+        [p] => check_cnp(ctx, &c, p, PKey::DEFAULT),
+        [] => Err("a CE-marked UD SEND_ONLY: no CNP came back".into()),
+        _ => Err(format!(
+            "one CE-marked UD SEND_ONLY: expected one CNP, got {}",
+            describe(&cnps)
+        )),
+    }
 }
 
 fn ect_no_cnp(ctx: &mut Ctx<'_>) -> Outcome {
