@@ -497,6 +497,67 @@ pub const SEND_INV_ERROR: Cite = guess(
 pub const UC_NO_READ_ATOMIC: Cite = guess(
     "9.8.2",
     "UC carries no RDMA READ and no atomics: their opcodes are invalid on a UC QP, dropped silently",
+// ---- RoCEv2 headers, IPv6, ECN and CNP (issue 20) ----
+
+pub const A17_BOTH_IP: Cite = a17(
+    "A17.3.1",
+    "CA17-1: RoCEv2 ports support both RoCEv2 with IPv4 and with IPv6",
+);
+pub const A17_IPV6: Cite = a17(
+    "A17.3.1.2",
+    "RoCEv2 with IPv6: the IPv6 header per RFC 2460 (CA17-13 … CA17-19)",
+);
+pub const A17_IP_VERSION: Cite = a17(
+    "A17.4.4.1",
+    "CA17-27: an IP version other than the Ethertype's (4 or 6) is silently dropped",
+);
+pub const A17_IPV4_NO_FRAGMENT: Cite = a17(
+    "A17.3.1.1.5, A17.3.1.1.6",
+    "CA17-7, CA17-8: IPv4 flags '010' (don't fragment) and fragment offset 0",
+);
+pub const A17_QP0: Cite = a17(
+    "A17.6",
+    "CA17-33: a packet whose BTH destination QP is QP0 is silently dropped",
+);
+pub const A17_FECN_BECN: Cite = a17(
+    "A17.4.8",
+    "CA17-29: the BTH FECN and BECN bits are unused and ignored by a RoCEv2 port",
+);
+pub const A17_IHL: Cite = a17("A17.3.1.1.1", "CA17-3: IPv4 IHL 5");
+pub const A17_HOP_LIMIT: Cite = a17(
+    "A17.3.1.1.7, A17.3.1.2.5",
+    "CA17-9, CA17-17: IPv4 TTL / IPv6 Hop Limit from the address vector's hop limit",
+);
+pub const A17_DSCP: Cite = a17(
+    "A17.3.1.1.2, A17.3.1.2.1",
+    "CA17-4, CA17-13: the DSCP from the address vector's traffic class",
+);
+pub const A17_ECN_SENT: Cite = a17(
+    "A17.3.1.1.3, A17.3.1.2.2",
+    "CA17-5, CA17-14: ECN '00' without congestion management; '01' or '10' with it",
+);
+pub const A17_LENGTHS: Cite = a17(
+    "A17.3.1.1.4, A17.3.1.2.3, A17.3.2.3",
+    "CA17-6, CA17-15, CA17-21: IP total / payload length and UDP length up to the ICRC",
+);
+pub const A17_UDP_CHECKSUM: Cite = a17("A17.3.2.4", "the UDP checksum should be 0");
+pub const A17_UDP_SPORT: Cite = a17(
+    "A17.3.2.1, A17.9.4",
+    "a fixed UDP source port across the packets of a connected QP (should)",
+);
+pub const A17_CNP: Cite = a17(
+    "A17.9.3",
+    "CA17-44: a valid packet with IP.ECN '11' is answered by a CNP to its source; one CNP may \
+     cover several marked packets of a QP",
+);
+pub const A17_CNP_FORMAT: Cite = a17(
+    "A17.9.3, Figure 6",
+    "the CNP: opcode 0x81, DestQP the QP it is generated for, PSN 0, SE 0, M 0, the marked \
+     packet's P_Key, 16 reserved bytes set to 0",
+);
+pub const A17_CNP_REACTION: Cite = a17(
+    "A17.9.3",
+    "CA17-45: a received CNP reduces the injection rate of the QP it names",
 );
 
 #[cfg(test)]

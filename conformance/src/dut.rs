@@ -17,7 +17,7 @@ use rocemu_wire::arp::{ArpRepr, OP_REPLY, OP_REQUEST};
 use rocemu_wire::eth::{EthernetRepr, Mac, ETHERTYPE_ARP};
 use std::cell::RefCell;
 use std::collections::VecDeque;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
@@ -43,6 +43,26 @@ pub const DUT_IP: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 77, 0, 1));
 /// The peer's, in both modes unless told otherwise.
 pub const PEER_MAC: Mac = Mac([0x02, 0x52, 0x4f, 0x43, 0x45, 0x20]);
 pub const PEER_IP: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 77, 0, 2));
+/// The device's IPv6 address with `--target self` (its second GID, after [`DUT_IP`]): the
+/// link-local address of [`DUT_MAC`], as rdma_rxe's IPv6 GID is of its interface's MAC.
+pub const DUT_IP6: IpAddr = IpAddr::V6(link_local(DUT_MAC));
+/// The peer's IPv6 address in both modes: the link-local address of [`PEER_MAC`].
+pub const PEER_IP6: IpAddr = IpAddr::V6(link_local(PEER_MAC));
+
+/// The IPv6 link-local address (fe80::/64, modified EUI-64, RFC 4291 appendix A) of `mac`.
+pub const fn link_local(mac: Mac) -> Ipv6Addr {
+    let m = mac.0;
+    Ipv6Addr::new(
+        0xfe80,
+        0,
+        0,
+        0,
+        ((m[0] ^ 0x02) as u16) << 8 | m[1] as u16,
+        (m[2] as u16) << 8 | 0xff,
+        0xfe00 | m[3] as u16,
+        (m[4] as u16) << 8 | m[5] as u16,
+    )
+}
 
 /// Every virtual-time loop is bounded: an RNIC that keeps asking for the same instant must not
 /// hang the run (the scenario then fails on what did not come).
@@ -72,13 +92,16 @@ impl std::fmt::Debug for SelfDut {
 }
 
 impl SelfDut {
-    /// An RNIC at [`DUT_MAC`] / [`DUT_IP`] (1500-byte Ethernet MTU, active MTU 1024, as rxe on a
-    /// default interface) that knows the peer's MAC.
+    /// An RNIC at [`DUT_MAC`] / [`DUT_IP`], and [`DUT_IP6`] as its second GID (1500-byte
+    /// Ethernet MTU, active MTU 1024, as rxe on a default interface) that knows the peer's MAC
+    /// at both of the peer's addresses.
     pub fn new(seed: u64) -> SelfDut {
         let mut cfg = RnicConfig::new(DUT_MAC, DUT_IP, seed);
         cfg.eth_mtu = 1500;
+        cfg.ips.push(DUT_IP6);
         let mut rnic = Rnic::new(cfg);
         rnic.set_neighbor(PEER_IP, PEER_MAC);
+        rnic.set_neighbor(PEER_IP6, PEER_MAC);
         SelfDut {
             rnic,
             objs: Objects::default(),
@@ -348,7 +371,32 @@ fn transmit(port: &mut dyn Port, frame: &[u8]) {
     port.flush();
 }
 
-/// One burst: answers ARP for `ip`, hands on what is addressed to `mac`. Returns the frames seen.
+/// The neighbor advertisement that answers `f` when it is a neighbor solicitation for the
+/// link-local address of `mac` ([`link_local`], the peer's IPv6 address), as a frame.
+fn nd_answer(f: &[u8], l3: usize, from: Mac, mac: Mac) -> Option<Vec<u8>> {
+    use rocemu_wire::ip::{Ipv6Repr, IPV6_HEADER_LEN};
+    use rocemu_wire::nd::NdRepr;
+    let (ip, dgram) = Ipv6Repr::parse(&f[l3..]).ok()?;
+    let me = link_local(mac);
+    match NdRepr::parse(&ip, &dgram[IPV6_HEADER_LEN..]).ok()? {
+        NdRepr::Solicit { target, .. } if target == me && !ip.src.is_unspecified() => {
+            let na = NdRepr::Advert {
+                router: false,
+                solicited: true,
+                override_: true,
+                target: me,
+                target_mac: Some(mac),
+            };
+            let mut buf = [0u8; 128];
+            let n = na.emit_frame(mac, from, me, ip.src, &mut buf);
+            Some(buf[..n].to_vec())
+        }
+        _ => None,
+    }
+}
+
+/// One burst: answers ARP for `ip` and IPv6 neighbor solicitations for the link-local address of
+/// `mac`, hands on what is addressed to `mac`. Returns the frames seen.
 fn receive(
     port: &mut dyn Port,
     mac: Mac,
@@ -357,10 +405,17 @@ fn receive(
     out: &mpsc::Sender<(Duration, Vec<u8>)>,
 ) -> usize {
     let mut replies = Vec::new();
+    let mut adverts = Vec::new();
     let n = port.rx_burst(32, &mut |f| {
         let Ok((eth, l3)) = EthernetRepr::parse(f) else {
             return;
         };
+        if eth.ethertype == rocemu_wire::eth::ETHERTYPE_IPV6 {
+            if let Some(na) = nd_answer(f, l3, eth.src, mac) {
+                adverts.push(na);
+                return;
+            }
+        }
         if eth.ethertype == ETHERTYPE_ARP {
             if let (Ok(a), IpAddr::V4(me)) = (ArpRepr::parse(&f[l3..]), ip) {
                 if a.op == OP_REQUEST && a.target_ip == me {
@@ -385,6 +440,9 @@ fn receive(
         let len = reply.emit_frame(to, &mut buf);
         transmit(port, &buf[..len]);
     }
+    for na in adverts {
+        transmit(port, &na);
+    }
     n
 }
 
@@ -399,5 +457,61 @@ impl Link for PortLink {
 
     fn now(&self) -> Duration {
         self.start.elapsed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rocemu_wire::nd::{multicast_mac, solicited_node, NdRepr};
+
+    #[test]
+    fn link_local_is_the_modified_eui64_of_the_mac() {
+        // RFC 4291 appendix A: 52:54:00:99:ff:02 → fe80::5054:ff:fe99:ff02 (rxevm's peer).
+        let mac = Mac([0x52, 0x54, 0x00, 0x99, 0xff, 0x02]);
+        assert_eq!(
+            link_local(mac),
+            "fe80::5054:ff:fe99:ff02".parse::<Ipv6Addr>().unwrap()
+        );
+    }
+
+    /// A neighbor solicitation from `from` (at `src`) for `target`, multicast as hosts send it.
+    fn solicit(from: Mac, src: Ipv6Addr, target: Ipv6Addr) -> Vec<u8> {
+        let ns = NdRepr::Solicit {
+            target,
+            source_mac: Some(from),
+        };
+        let mut buf = [0u8; 128];
+        let dst = solicited_node(target);
+        let n = ns.emit_frame(from, multicast_mac(dst), src, dst, &mut buf);
+        buf[..n].to_vec()
+    }
+
+    #[test]
+    fn the_port_answers_solicitations_for_the_peers_link_local_address_only() {
+        let host = Mac([0x52, 0x54, 0x00, 0x99, 0x00, 0x01]);
+        let host_ip = link_local(host);
+        let me = link_local(PEER_MAC);
+        let f = solicit(host, host_ip, me);
+        let na = nd_answer(&f, 14, host, PEER_MAC).expect("an advertisement");
+        let (eth, l3) = EthernetRepr::parse(&na).unwrap();
+        assert_eq!((eth.src, eth.dst), (PEER_MAC, host));
+        let (ip, dgram) = rocemu_wire::ip::Ipv6Repr::parse(&na[l3..]).unwrap();
+        assert_eq!((ip.src, ip.dst), (me, host_ip));
+        assert_eq!(
+            NdRepr::parse(&ip, &dgram[40..]).unwrap(),
+            NdRepr::Advert {
+                router: false,
+                solicited: true,
+                override_: true,
+                target: me,
+                target_mac: Some(PEER_MAC),
+            }
+        );
+        // Another target, or duplicate address detection (from ::), gets nothing.
+        let other = solicit(host, host_ip, link_local(DUT_MAC));
+        assert!(nd_answer(&other, 14, host, PEER_MAC).is_none());
+        let dad = solicit(host, Ipv6Addr::UNSPECIFIED, me);
+        assert!(nd_answer(&dad, 14, host, PEER_MAC).is_none());
     }
 }

@@ -276,6 +276,57 @@ impl<'a> Ctx<'a> {
             .min(255) as u8
     }
 
+    /// Moves the peer to IPv6 for the rest of the scenario: the device's address under test
+    /// becomes its first IPv6 GID (not an IPv4-mapped one), the peer's the link-local address of
+    /// its MAC ([`crate::dut::link_local`]). Connections made afterwards use them. The peer
+    /// first sends the device a neighbor solicitation with its link-layer address (RFC 4861
+    /// 7.2.3: the receiver keeps that address for the sender), so that a device that resolves
+    /// the peer through its host's IPv6 stack (rdma_rxe, in `modify_qp` to RTR) finds it at
+    /// once; RoCEmu's RNIC drops the frame.
+    pub fn use_ipv6(&mut self) -> Outcome {
+        let dut6 = self
+            .dev
+            .gids
+            .iter()
+            .copied()
+            .find(|g| matches!(g, std::net::IpAddr::V6(a) if a.to_ipv4_mapped().is_none()))
+            .ok_or_else(|| {
+                format!(
+                    "the device has no IPv6 GID (its GIDs: {:?}): RoCEv2 ports support both \
+                     IPv4 and IPv6 (Annex A17, CA17-1)",
+                    self.dev.gids
+                )
+            })?;
+        let me = crate::dut::link_local(self.peer.mac);
+        self.peer.ip = std::net::IpAddr::V6(me);
+        self.peer.dut_ip = dut6;
+        let std::net::IpAddr::V6(target) = dut6 else {
+            return Ok(());
+        };
+        let ns = rocemu_wire::nd::NdRepr::Solicit {
+            target,
+            source_mac: Some(self.peer.mac),
+        };
+        let mut buf = [0u8; 128];
+        let n = ns.emit_frame(self.peer.mac, self.peer.dut_mac, me, target, &mut buf);
+        // Until the device advertises its address (a host whose link-local address is still
+        // tentative, RFC 4862 5.4, answers nothing and cannot resolve the peer either: rxe's
+        // first modify_qp after boot timed out so): at most 8 solicitations, a settle time
+        // apart. A device that never answers (RoCEmu's RNIC has no IPv6 stack) goes on as is.
+        for _ in 0..8 {
+            self.peer.send_raw(&buf[..n]);
+            let from = self.peer.capture.len();
+            self.peer.collect(None);
+            if self.peer.capture[from..]
+                .iter()
+                .any(|(_, f, sent)| !*sent && advertises(f, target))
+            {
+                break;
+            }
+        }
+        Ok(())
+    }
+
     /// Posts a receive over `len` bytes of the connection's MR at `offset`.
     pub fn post_recv(&mut self, c: &Conn, wr_id: u64, offset: u64, len: u32) -> Result<(), String> {
         self.agent.post_recv(
@@ -366,6 +417,26 @@ impl<'a> Ctx<'a> {
     pub fn fill_mr(&mut self, c: &Conn, offset: u64, bytes: &[u8]) -> Outcome {
         Ok(self.agent.write_mr(c.mr.lkey, offset, bytes)?)
     }
+}
+
+/// Whether `frame` is an IPv6 neighbor advertisement for `target`.
+fn advertises(frame: &[u8], target: std::net::Ipv6Addr) -> bool {
+    use rocemu_wire::eth::{EthernetRepr, ETHERTYPE_IPV6};
+    use rocemu_wire::ip::{Ipv6Repr, IPV6_HEADER_LEN};
+    use rocemu_wire::nd::NdRepr;
+    let Ok((eth, l3)) = EthernetRepr::parse(frame) else {
+        return false;
+    };
+    if eth.ethertype != ETHERTYPE_IPV6 {
+        return false;
+    }
+    let Ok((ip, dgram)) = Ipv6Repr::parse(&frame[l3..]) else {
+        return false;
+    };
+    matches!(
+        NdRepr::parse(&ip, &dgram[IPV6_HEADER_LEN..]),
+        Ok(NdRepr::Advert { target: t, .. }) if t == target
+    )
 }
 
 /// Completions, one after the other, for failure messages.

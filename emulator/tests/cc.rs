@@ -460,6 +460,7 @@ mod np {
             src_ip: "10.0.17.1".parse().unwrap(),
             dst_ip: "10.0.18.1".parse().unwrap(),
             dqpn: Qpn::new(0x118),
+            pkey: rocemu_wire::PKey::DEFAULT,
             dscp: DcqcnParams::default().cnp_dscp,
             ecn: 2,
             vlan: None,

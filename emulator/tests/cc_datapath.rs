@@ -168,6 +168,7 @@ fn ce_marks_get_one_cnp_per_qp_per_min_time_between_cnps() {
             src_ip: IP_B,
             dst_ip: IP_A,
             dqpn: t.qpn(A),
+            pkey: rocemu_wire::PKey::DEFAULT,
             dscp: 48,
             ecn: 2,
             vlan: None,
@@ -195,6 +196,41 @@ fn np_off_sends_no_cnp() {
     let c = t.p.b.counters();
     assert_eq!((c.np_ecn_marked_roce_packets, c.np_cnp_sent), (8, 0));
     assert!(t.pkts(Dir::BA).iter().all(|p| p.op != Opcode::CNP));
+}
+
+#[test]
+fn the_cnp_carries_the_p_key_of_the_marked_packet() {
+    // Annex A17.9.3, Figure 6: "P_Key set to the same value as in the BTH of the ECN packet
+    // marked". Requests from A go out with P_Key 0x7fff (a limited member of the default
+    // partition, which B accepts) and marked CE; the ICRC is redone since it covers the P_Key.
+    let mut t = Bed::with_cc(
+        &BedCfg::new(QpType::Rc),
+        CcConfig::default(),
+        CcConfig::default(),
+    );
+    t.filter = Box::new(|p| {
+        if p.dir != Dir::AB || !p.is_req() {
+            return Verdict::Pass;
+        }
+        let f = parse_frame(&p.frame).unwrap();
+        let mut r = rocemu_wire::FrameRepr::from_parsed(&f);
+        r.bth.pkey = rocemu_wire::PKey(0x7fff);
+        let mut buf = vec![0u8; r.frame_len(f.payload.len()) + 64];
+        let n = r.emit_with_payload(&mut buf, f.payload).unwrap();
+        buf.truncate(n);
+        Verdict::Replace(mark_ce(&buf))
+    });
+    write(&mut t, 1, 0, 4096);
+    t.wait_wcs(A, 1);
+    let cnp = t
+        .pkts(Dir::BA)
+        .into_iter()
+        .find(|p| p.op == Opcode::CNP)
+        .expect("a CNP for the CE marks")
+        .clone();
+    let f = parse_frame(&cnp.frame).unwrap();
+    assert!(f.icrc_ok());
+    assert_eq!(f.bth.pkey, rocemu_wire::PKey(0x7fff));
 }
 
 #[test]

@@ -9,6 +9,7 @@ pub mod rc;
 pub mod rdma;
 pub mod req;
 pub mod resp;
+pub mod roce;
 pub mod sec;
 pub mod ucud;
 pub mod verbs;
@@ -17,6 +18,7 @@ pub mod verbs;
 pub fn catalogue() -> Vec<Scenario> {
     [
         hdr::SCENARIOS,
+        roce::SCENARIOS,
         psn::SCENARIOS,
         msg::SCENARIOS,
         rdma::SCENARIOS,

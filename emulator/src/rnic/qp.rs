@@ -364,6 +364,8 @@ pub(crate) struct CnpTo {
     pub src_ip: std::net::IpAddr,
     /// The sender's QP (the one to throttle).
     pub dqpn: Qpn,
+    /// The marked packet's BTH P_Key, which the CNP carries (Annex A17.9.3, Figure 6).
+    pub pkey: rocemu_wire::PKey,
 }
 
 impl Qp {

@@ -11,16 +11,16 @@
 //!
 //! The CNP is the ConnectX one of the project's capture `wire/tests/data/cx4lx_cnp.pcap`
 //! (ConnectX-4 Lx, from Scapy's tests; see its `PROVENANCE.md`): BTH opcode 0x81, BECN set, P_Key
-//! 0xFFFF, the destination QP the one being throttled, PSN 0, A=0, 16 reserved zero bytes, the
-//! ICRC; IPv4 DF set with the CNP DSCP (`cnp_dscp`, 48 there) and ECN ECT(0); UDP source port 0 and
+//! 0xFFFF (the marked packet's, as Annex A17.9.3's Figure 6 asks: [`CnpFields::pkey`]), the
+//! destination QP the one being throttled, PSN 0, A=0, 16 reserved zero bytes, the ICRC; IPv4 DF set with the CNP DSCP (`cnp_dscp`, 48 there) and ECN ECT(0); UDP source port 0 and
 //! checksum 0 in that capture. The 802.1p priority (`cnp_802p_prio`, 6 by default) is in the 802.1Q
 //! tag when the CNP goes out on a VLAN; the capture has no tag, so that field is unverified against
-//! ConnectX. Annex A17.9.3 (the CNP format, Figure 6) is not quoted here: the capture is the
-//! reference.
+//! ConnectX. Annex A17.9.3's Figure 6 (the CNP format) agrees on every BTH field it names
+//! (opcode, DestQP, PSN 0, SE 0, M 0, P_Key, 16 reserved zero bytes); BECN is not among them.
 use crate::time::Nanos;
 use core::net::IpAddr;
 use rocemu_wire::eth::{EthernetRepr, Mac, VlanTag};
-use rocemu_wire::{BthRepr, BuildError, ExtHeaders, FrameRepr, IpRepr, Opcode, Psn, Qpn};
+use rocemu_wire::{BthRepr, BuildError, ExtHeaders, FrameRepr, IpRepr, Opcode, PKey, Psn, Qpn};
 
 /// CNP pacing per QP in a fixed table.
 #[derive(Debug, Clone)]
@@ -66,6 +66,9 @@ pub struct CnpFields {
     pub dst_ip: IpAddr,
     /// The QP being throttled (the sender's QP).
     pub dqpn: Qpn,
+    /// The BTH P_Key of the CE-marked packet: Annex A17.9.3's Figure 6 has the CNP carry "the
+    /// same value as in the BTH of the ECN packet marked" (0xFFFF in the ConnectX capture).
+    pub pkey: PKey,
     /// `cnp_dscp`.
     pub dscp: u8,
     /// The ECN field (ConnectX's CNP carries ECT(0), 0b10).
@@ -96,6 +99,7 @@ pub fn build_cnp(buf: &mut [u8], f: &CnpFields) -> Result<usize, BuildError> {
     }
     let mut bth = BthRepr::new(Opcode::CNP, f.dqpn, Psn::new(0));
     bth.becn = true;
+    bth.pkey = f.pkey;
     let repr = FrameRepr {
         eth: EthernetRepr {
             dst: f.dst_mac,

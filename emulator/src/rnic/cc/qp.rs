@@ -509,6 +509,7 @@ pub(crate) fn note_ce(
         ip: pkt.ip.src(),
         src_ip: pkt.ip.dst(),
         dqpn,
+        pkey: pkt.bth.pkey,
     });
 }
 
@@ -529,6 +530,7 @@ pub(crate) fn produce_cnp(
         src_ip: to.src_ip,
         dst_ip: to.ip,
         dqpn: to.dqpn,
+        pkey: to.pkey,
         dscp: dev.cfg.cc.dcqcn.cnp_dscp,
         ecn: 2,
         vlan: None,
