@@ -398,6 +398,9 @@ fn post_send(rnic: &mut Rnic, qpn: Qpn, wr: SendWr) -> AgentResult<Reply> {
     } else {
         r::SendFlags::default()
     };
+    if wr.fence {
+        w.flags = w.flags | r::SendFlags::FENCE;
+    }
     w.ud = wr.ud.map(|u| r::UdDest {
         ah: ah_attr(&u.ah),
         remote_qpn: u.remote_qpn,

@@ -8,6 +8,7 @@ pub mod psn;
 pub mod rc;
 pub mod rdma;
 pub mod req;
+pub mod reqx;
 pub mod sec;
 pub mod ucud;
 pub mod verbs;
@@ -20,6 +21,7 @@ pub fn catalogue() -> Vec<Scenario> {
         msg::SCENARIOS,
         rdma::SCENARIOS,
         req::SCENARIOS,
+        reqx::SCENARIOS,
         rc::SCENARIOS,
         ucud::SCENARIOS,
         verbs::SCENARIOS,
