@@ -471,7 +471,7 @@ pub const SQ_DRAIN: Cite = guess(
 );
 pub const UNEXPECTED_RESPONSE: Cite = guess(
     "9.7.5.2",
-    "a response whose opcode the request at its PSN does not expect is discarded",
+    "a response whose opcode the request at its PSN does not expect: bad response error",
 );
 pub const READ_NAK_MIDWAY: Cite = guess(
     "9.7.5.2",

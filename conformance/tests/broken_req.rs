@@ -132,10 +132,10 @@ fn implied_nak_scenarios_fail_when_reads_are_not_resent() {
 }
 
 #[test]
-fn unexpected_opcode_scenarios_fail_when_any_response_is_taken() {
+fn unexpected_opcode_scenarios_fail_when_any_response_is_taken_or_dropped() {
     // A READ response taken as an ACK, whatever WR is at its PSN.
     breaks(
-        "req.unexpected-opcode.read-response-for-send-dropped",
+        "req.unexpected-opcode.read-response-for-send-bad-resp",
         |on| {
             rx_edit(on, |r, payload| {
                 if r.bth.opcode == Opcode::RC_RDMA_READ_RESPONSE_ONLY {
@@ -145,14 +145,23 @@ fn unexpected_opcode_scenarios_fail_when_any_response_is_taken() {
             })
         },
     );
+    // A READ response of the wrong kind silently dropped.
+    breaks(
+        "req.unexpected-opcode.read-response-for-send-bad-resp",
+        |on| rx_keep(on, |p| p.bth.opcode != Opcode::RC_RDMA_READ_RESPONSE_ONLY),
+    );
     // An ATOMIC_ACKNOWLEDGE taken as the READ's response, its value as the data.
-    breaks("req.unexpected-opcode.atomic-ack-for-read-dropped", |on| {
+    breaks("req.unexpected-opcode.atomic-ack-for-read-bad-resp", |on| {
         rx_edit(on, |r, payload| {
             if let Some(a) = r.ext.atomic_ack.take() {
                 r.bth.opcode = Opcode::RC_RDMA_READ_RESPONSE_ONLY;
                 *payload = a.orig.to_le_bytes().to_vec();
             }
         })
+    });
+    // … or silently dropped.
+    breaks("req.unexpected-opcode.atomic-ack-for-read-bad-resp", |on| {
+        rx_keep(on, |p| p.bth.opcode != Opcode::RC_ATOMIC_ACKNOWLEDGE)
     });
 }
 
