@@ -182,10 +182,11 @@ fn complete_upto(dev: &mut Dev, qp: &mut Qp, now: Nanos, psn: Psn) -> bool {
         }
         let covered = !w.last_psn().is_after(psn);
         let rd = w.wr.opcode.is_read_or_atomic();
-        if rd && !w.done && !w.first_psn.is_after(psn) {
-            // The ACK covers a read/atomic whose response never came (an implied NAK, IBTA
-            // 9.7.5.2.2, unverified).
-            let resume = w.first_psn.add(w.resp_pkts);
+        let resume = w.first_psn.add(w.resp_pkts);
+        if rd && !w.done && !resume.is_after(psn) {
+            // The ACK covers a PSN of a read/atomic whose response never came (an implied NAK,
+            // IBTA 9.7.5.2.2, unverified). A NAK right after the responses that did come (a
+            // READ cut short by the responder) covers none of the missing ones: no retry.
             implied_nak(dev, qp, now, 0, resume);
             return any;
         }
