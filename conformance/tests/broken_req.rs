@@ -12,9 +12,12 @@ use rocemu_emulator::rnic::QpState;
 use rocemu_wire::{parse_frame, NakCode, Opcode, Psn, Syndrome, SyndromeKind};
 use std::collections::HashSet;
 
+/// What turns the device into a broken one: its agent and its link.
+type Wrap = Box<dyn FnOnce(&SharedDut, SelfAgent) -> Box<dyn Agent>>;
+
 /// A breaker with its switch: `on` breaks the device, `!on` wraps it the same way but changes
 /// nothing.
-type Breaker = fn(bool) -> Box<dyn FnOnce(&SharedDut, SelfAgent) -> Box<dyn Agent>>;
+type Breaker = fn(bool) -> Wrap;
 
 /// `id` fails with the breaker on and passes with it off.
 fn breaks(id: &str, b: Breaker) {
@@ -29,10 +32,7 @@ fn breaks(id: &str, b: Breaker) {
 }
 
 /// An agent that lets `f` change each request before the real agent runs it.
-fn edit_requests(
-    on: bool,
-    f: impl Fn(Request) -> Request + 'static,
-) -> Box<dyn FnOnce(&SharedDut, SelfAgent) -> Box<dyn Agent>> {
+fn edit_requests(on: bool, f: impl Fn(Request) -> Request + 'static) -> Wrap {
     Box::new(agent(
         move |a: &mut SelfAgent, req: Request| -> AgentResult<Reply> {
             a.call(if on { f(req) } else { req })
@@ -41,10 +41,7 @@ fn edit_requests(
 }
 
 /// The QP attributes `f` rewrites in every modify_qp.
-fn modify(
-    on: bool,
-    f: fn(&mut rocemu_conformance::agent::ModifyQp),
-) -> Box<dyn FnOnce(&SharedDut, SelfAgent) -> Box<dyn Agent>> {
+fn modify(on: bool, f: fn(&mut rocemu_conformance::agent::ModifyQp)) -> Wrap {
     edit_requests(on, move |req| match req {
         Request::ModifyQp { qpn, mut attr } => {
             f(&mut attr);
@@ -58,7 +55,7 @@ fn modify(
 fn tx_keep(
     on: bool,
     mut keep: impl FnMut(&rocemu_wire::frame::ParsedFrame<'_>) -> bool + 'static,
-) -> Box<dyn FnOnce(&SharedDut, SelfAgent) -> Box<dyn Agent>> {
+) -> Wrap {
     Box::new(move |dut: &SharedDut, a: SelfAgent| -> Box<dyn Agent> {
         dut.borrow_mut().tx_filter = Some(Box::new(move |f| {
             let pass = !on || parse_frame(&f).map_or(true, |p| keep(&p));
@@ -76,7 +73,7 @@ fn tx_keep(
 fn rx_keep(
     on: bool,
     keep: impl Fn(&rocemu_wire::frame::ParsedFrame<'_>) -> bool + 'static,
-) -> Box<dyn FnOnce(&SharedDut, SelfAgent) -> Box<dyn Agent>> {
+) -> Wrap {
     Box::new(move |dut: &SharedDut, a: SelfAgent| -> Box<dyn Agent> {
         dut.borrow_mut().rx_filter = Some(Box::new(move |f| {
             let pass = !on || parse_frame(&f).map_or(true, |p| keep(&p));
@@ -93,7 +90,7 @@ fn rx_keep(
 fn rx_edit(
     on: bool,
     edit: impl FnMut(&mut rocemu_wire::FrameRepr, &mut Vec<u8>) + 'static,
-) -> Box<dyn FnOnce(&SharedDut, SelfAgent) -> Box<dyn Agent>> {
+) -> Wrap {
     if on {
         Box::new(rx(edit))
     } else {
@@ -104,7 +101,7 @@ fn rx_edit(
 fn tx_edit(
     on: bool,
     edit: impl FnMut(&mut rocemu_wire::FrameRepr, &mut Vec<u8>) + 'static,
-) -> Box<dyn FnOnce(&SharedDut, SelfAgent) -> Box<dyn Agent>> {
+) -> Wrap {
     if on {
         Box::new(tx(edit))
     } else {
@@ -114,7 +111,7 @@ fn tx_edit(
 
 /// A device that never sends a READ or atomic request twice (no retransmission on an implied
 /// NAK): repeats of a PSN already sent are dropped on the way out.
-fn never_resends_reads(on: bool) -> Box<dyn FnOnce(&SharedDut, SelfAgent) -> Box<dyn Agent>> {
+fn never_resends_reads(on: bool) -> Wrap {
     let mut seen = HashSet::new();
     tx_keep(on, move |p| {
         let op = p.bth.opcode;
@@ -237,7 +234,7 @@ fn retry_counter_scenarios_fail_with_other_counts() {
 
 #[test]
 fn fence_scenarios_fail_when_the_fence_is_ignored() {
-    fn no_fence(on: bool) -> Box<dyn FnOnce(&SharedDut, SelfAgent) -> Box<dyn Agent>> {
+    fn no_fence(on: bool) -> Wrap {
         edit_requests(on, |req| match req {
             Request::PostSend { qpn, mut wr } => {
                 wr.fence = false;
