@@ -440,6 +440,65 @@ pub const CONTROLLED_QKEY: Cite = guess(
     "a UD send whose Q_Key has the high bit set sends the QP's own Q_Key (issue 20's number)",
 );
 
+// ---- RC responder, UC and UD (issue 20) ----
+
+const PYRDMA: &str =
+    "python-rdma (jgunthorpe/python-rdma), codegen/iba_transport.xml, January 2011 \
+    (1.2.1 was then the newest release)";
+
+pub const BTH_SE: Cite = Cite {
+    clause: "9.2",
+    rule: "BTH SE: the solicited event bit",
+    release: "1.2.1",
+    source: Source::Checked(
+        "python-rdma (jgunthorpe/python-rdma), codegen/iba_transport.xml, January 2011 (1.2.1 \
+         was then the newest release): sect=\"9.2\" for HdrBTH, its 1-bit field \"SE\"; Linux \
+         rxe_req.c init_req_packet() sets it on the last packet of a SEND or a WRITE with \
+         immediate posted with IB_SEND_SOLICITED",
+    ),
+};
+pub const IETH: Cite = Cite {
+    clause: "9.3.7",
+    rule: "IETH: the R_Key a SEND with invalidate invalidates",
+    release: "1.2.1",
+    source: Source::Checked(PYRDMA),
+};
+pub const E2E_CREDITS: Cite = Cite {
+    clause: "9.7.7.2",
+    rule: "end-to-end (message-based) credits in the AETH: the receive WQEs left, or the invalid code 31 from a responder that gives none",
+    release: "not stated",
+    source: Source::Checked(
+        "rdma-core, providers/mlx5/man/mlx5dv_create_qp.3.md: \"end-to-end packet-based credit, \
+         instead of the default message-based credits (IB spec. section 9.7.7.2)\"; the \
+         encoding and the invalid code as Linux drivers/infiniband/sw/rdmavt/rc.c \
+         (credit_table[], rvt_compute_aeth(): \"Shared receive queues don't generate credits. \
+         Set the credit field to the invalid value\", IB_AETH_CREDIT_INVAL 0x1F)",
+    ),
+};
+pub const UD_OVER_MTU: Cite = Cite {
+    clause: "C10-93.1.1",
+    rule: "a UD message longer than the port MTU: no packet is emitted and no error reported",
+    release: "not stated",
+    source: Source::Checked(
+        "Linux drivers/infiniband/sw/rxe/rxe_req.c, rxe_requester(): \"C10-93.1.1: If the \
+         total sum of all the buffer lengths specified for a UD message exceeds the MTU of the \
+         port as returned by QueryHCA, the CI shall not emit any packets for this message. \
+         Further, the CI shall not generate an error due to this condition.\"",
+    ),
+};
+pub const RD_ATOMIC_RESOURCES: Cite = guess(
+    "C9-150",
+    "more RDMA READs and atomics outstanding than the responder's max_dest_rd_atomic: NAK invalid request (rxe's check_resource(): RESPST_ERR_TOO_MANY_RDMA_ATM_REQ, class C)",
+);
+pub const SEND_INV_ERROR: Cite = guess(
+    "10.6.6.2",
+    "a SEND with invalidate of an R_Key that cannot be invalidated: NAK invalid request, the QP to ERR",
+);
+pub const UC_NO_READ_ATOMIC: Cite = guess(
+    "9.8.2",
+    "UC carries no RDMA READ and no atomics: their opcodes are invalid on a UC QP, dropped silently",
+);
+
 // ---- RC requester (issue 20) ----
 // The behaviour each rule describes is what Linux's rxe (rxe_comp.c, rxe_req.c), hfi1 and qib
 // (rc.c) do, as quoted in the scenarios' comments; none of them names the clause, so the numbers

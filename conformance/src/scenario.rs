@@ -82,6 +82,8 @@ pub struct ConnOpts {
     pub qkey: QKey,
     /// Stop in this state instead of RTS (RESET, INIT or RTR).
     pub stop_at: QpState,
+    /// The RC QP's `max_dest_rd_atomic` (its responder resources for READs and atomics).
+    pub max_dest_rd_atomic: u8,
 }
 
 impl Default for ConnOpts {
@@ -105,6 +107,7 @@ impl Default for ConnOpts {
             rnr_retry: 7,
             qkey: QKey(0x1111_1111),
             stop_at: QpState::Rts,
+            max_dest_rd_atomic: 16,
         }
     }
 }
@@ -237,7 +240,7 @@ impl<'a> Ctx<'a> {
                     sgid_index: self.sgid_index(),
                     ..Ah::to(self.peer.ip)
                 }),
-                max_dest_rd_atomic: rc.then_some(16),
+                max_dest_rd_atomic: rc.then_some(o.max_dest_rd_atomic),
                 min_rnr_timer: rc.then_some(o.min_rnr_timer),
                 ..Default::default()
             }

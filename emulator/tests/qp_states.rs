@@ -422,7 +422,11 @@ fn ud_send_error_enters_sqe_and_rts_recovers() {
         remote_qpn: t.b.qp,
         remote_qkey: rocemu_wire::QKey(0x1111_1111),
     };
-    let mut big = wr(1, WrOpcode::Send, vec![t.sge(A, 0, 4097)]);
+    // A gather list with a wrong L_Key: LOC_PROT_ERR. (A message over the MTU is no error:
+    // C10-93.1.1, see uc_ud.rs.)
+    let mut bad_sge = t.sge(A, 0, 8);
+    bad_sge.lkey ^= 0x0101_0101;
+    let mut big = wr(1, WrOpcode::Send, vec![bad_sge]);
     big.ud = Some(dest);
     t.post_send(A, big);
     let mut next = wr(2, WrOpcode::Send, vec![t.sge(A, 0, 8)]);
@@ -431,7 +435,7 @@ fn ud_send_error_enters_sqe_and_rts_recovers() {
     t.flush_now();
     assert_eq!(
         st(&t.wcs(A)),
-        vec![(1, WcStatus::LocLenErr), (2, WcStatus::WrFlushErr)]
+        vec![(1, WcStatus::LocProtErr), (2, WcStatus::WrFlushErr)]
     );
     assert_eq!(t.state(A), QpState::Sqe);
     assert!(t.pkts(Dir::AB).is_empty());

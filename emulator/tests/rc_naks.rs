@@ -363,6 +363,46 @@ fn invalid_request_too_many_reads_for_the_responder() {
 }
 
 #[test]
+fn a_responder_with_max_dest_rd_atomic_0_naks_every_read_and_atomic() {
+    // max_dest_rd_atomic 0: no responder resources at all, so the first READ is already one
+    // too many: NAK invalid request, the QP to ERR (rxe: check_resource() returns
+    // RESPST_ERR_TOO_MANY_RDMA_ATM_REQ for max_dest_rd_atomic 0; conformance scenario
+    // rdma.read.max-dest-rd-atomic-zero-nak). RoCEmu took it as 1 before.
+    for atomic in [false, true] {
+        let mut c = BedCfg::new(QpType::Rc);
+        c.b.max_dest_rd_atomic = 0;
+        let mut t = c.build();
+        t.fill(B, 0, &7u64.to_le_bytes());
+        let (ra, rk) = t.raddr(B, 0);
+        let op = if atomic {
+            WrOpcode::AtomicFetchAdd {
+                remote_addr: ra,
+                rkey: rk,
+                add: 1,
+            }
+        } else {
+            WrOpcode::RdmaRead {
+                remote_addr: ra,
+                rkey: rk,
+            }
+        };
+        t.post_send(A, wr(1, op, vec![t.sge(A, 0, 8)]));
+        let (wa, _) = t.settle();
+        assert_eq!(
+            t.pkts(Dir::BA)
+                .iter()
+                .map(|p| (p.op, p.psn, p.syn()))
+                .collect::<Vec<_>>(),
+            vec![(O::RC_ACKNOWLEDGE, PSN_A, Some(NAK_INV))],
+            "atomic: {atomic}"
+        );
+        assert_eq!(st(&wa), vec![(1, WcStatus::RemInvReqErr)]);
+        assert_eq!(t.bytes(B, 0, 8), 7u64.to_le_bytes().to_vec());
+        assert_eq!(t.state(B), QpState::Err);
+    }
+}
+
+#[test]
 fn a_nak_after_a_read_does_not_complete_the_read_without_its_data() {
     // The READ's response is lost and the NAK for the request after it arrives: the NAK
     // acknowledges the READ's request, not its data (IBTA 9.7.5.2.2, unverified: only a response

@@ -15,8 +15,10 @@
  *       REQ has room for 92 - 36 bytes after the CMA header); with 56 bytes, they arrive intact
  *       in the server's CONNECT_REQUEST (private_data_len >= 56), and the server's rdma_accept
  *       private data (196 bytes, all a REP holds) arrives intact in the client's ESTABLISHED;
- *   (b) the server rdma_reject()s a second connection with 148 bytes of private data (all a REJ
- *       holds): RDMA_CM_EVENT_REJECTED with status 28 (IB_CM_REJ_CONSUMER_DEFINED) and them;
+ *   (b) a second connection, rdma_connect(id, NULL) (no parameters: the server's CONNECT_REQUEST
+ *       offers the device's maximum initiator depth and responder resources, not 0), which the
+ *       server rdma_reject()s with 148 bytes of private data (all a REJ holds):
+ *       RDMA_CM_EVENT_REJECTED with status 28 (IB_CM_REJ_CONSUMER_DEFINED) and them;
  *   (c) a connect to PORT + 1, where nobody listens on the live server: REJECTED with status 8
  *       (IB_CM_REJ_INVALID_SERVICE_ID: Linux's IB CM answers a REQ without a listener so,
  *       drivers/infiniband/core/cm.c cm_match_req, and cma.c hands the REJ's reason on as the
@@ -255,6 +257,14 @@ static int server(const char *bind_to, const char *port)
 
 	/* (b) */
 	ev = wait_event(ch, RDMA_CM_EVENT_CONNECT_REQUEST, "(b) connect request");
+	/* rdma_connect(id, NULL) offers the device's maximum (librdmacm: RDMA_MAX_RESP_RES and
+	 * RDMA_MAX_INIT_DEPTH stand for it), never 0: 0 responder resources refuse every READ. */
+	if (!ev->param.conn.initiator_depth || !ev->param.conn.responder_resources)
+		fail("(b) CONNECT_REQUEST of rdma_connect(id, NULL): initiator_depth %u, "
+		     "responder_resources %u, want the device's maximum (not 0)",
+		     ev->param.conn.initiator_depth, ev->param.conn.responder_resources);
+	ok("(b) rdma_connect(id, NULL) offers initiator_depth %u, responder_resources %u",
+	   ev->param.conn.initiator_depth, ev->param.conn.responder_resources);
 	id = ev->id;
 	rdma_ack_cm_event(ev);
 	uint8_t rej[REJ_PDATA];
@@ -303,7 +313,8 @@ static void expect_reject(struct rdma_event_channel *ch, struct rdma_cm_id *id, 
 			  int status, size_t want_len, int salt, const char *what)
 {
 	struct rdma_conn_param p = param(pdata, pdata ? (uint8_t)strlen(pdata) : 0);
-	if (rdma_connect(id, &p))
+	/* No private data: no parameters at all (rdma_connect(id, NULL), valid with a QP). */
+	if (rdma_connect(id, pdata ? &p : NULL))
 		fail("%s: rdma_connect: %s", what, strerror(errno));
 	struct rdma_cm_event *ev = wait_event(ch, RDMA_CM_EVENT_REJECTED, what);
 	if (ev->status != status)
@@ -426,8 +437,8 @@ static int client(const char *server_addr, const char *unanswered, const char *p
 	/* (b) */
 	id = resolved(ch, srv->ai_addr, "(b)");
 	o = make_qp(id);
-	expect_reject(ch, id, "second", REJ_CONSUMER_DEFINED, REJ_PDATA, 3,
-		      "(b) a connection the server rdma_reject()s");
+	expect_reject(ch, id, NULL, REJ_CONSUMER_DEFINED, REJ_PDATA, 3,
+		      "(b) a connection (rdma_connect(id, NULL)) the server rdma_reject()s");
 	destroy_all(id, &o);
 
 	/* (c) */

@@ -250,6 +250,7 @@ fn send_wr_of(o: &Obj) -> Result<SendWr, String> {
         signaled: bool_or(o, "signaled", true)?,
         fence: bool_or(o, "fence", false)?,
         ud,
+        solicited: bool_or(o, "solicited", false)?,
     })
 }
 
@@ -318,6 +319,9 @@ pub fn request_json(req: &Request) -> Value {
             put("signaled", wr.signaled.into());
             if wr.fence {
                 put("fence", true.into());
+            }
+            if wr.solicited {
+                put("solicited", true.into());
             }
             if let Some(u) = &wr.ud {
                 put(
@@ -724,7 +728,14 @@ mod tests {
             Request::DestroyQp { qpn: Qpn::new(5) },
             Request::PostSend {
                 qpn: Qpn::new(5),
-                wr,
+                wr: wr.clone(),
+            },
+            Request::PostSend {
+                qpn: Qpn::new(6),
+                wr: SendWr {
+                    solicited: true,
+                    ..wr
+                },
             },
             Request::PostRecv {
                 qpn: Qpn::new(5),

@@ -254,6 +254,8 @@ pub struct SendWr {
     /// IBV_SEND_FENCE: not sent before the READs and atomics posted ahead of it complete.
     pub fence: bool,
     pub ud: Option<UdDest>,
+    /// `IBV_SEND_SOLICITED`: the last packet of the message carries the BTH SE bit.
+    pub solicited: bool,
 }
 
 impl SendWr {
@@ -271,6 +273,7 @@ impl SendWr {
             signaled: true,
             fence: false,
             ud: None,
+            solicited: false,
         }
     }
 }

@@ -401,6 +401,9 @@ fn post_send(rnic: &mut Rnic, qpn: Qpn, wr: SendWr) -> AgentResult<Reply> {
     if wr.fence {
         w.flags = w.flags | r::SendFlags::FENCE;
     }
+    if wr.solicited {
+        w.flags = r::SendFlags(w.flags.0 | r::SendFlags::SOLICITED.0);
+    }
     w.ud = wr.ud.map(|u| r::UdDest {
         ah: ah_attr(&u.ah),
         remote_qpn: u.remote_qpn,

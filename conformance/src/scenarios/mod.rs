@@ -9,6 +9,7 @@ pub mod rc;
 pub mod rdma;
 pub mod req;
 pub mod reqx;
+pub mod resp;
 pub mod sec;
 pub mod ucud;
 pub mod verbs;
@@ -23,6 +24,7 @@ pub fn catalogue() -> Vec<Scenario> {
         req::SCENARIOS,
         reqx::SCENARIOS,
         rc::SCENARIOS,
+        resp::SCENARIOS,
         ucud::SCENARIOS,
         verbs::SCENARIOS,
         sec::SCENARIOS,

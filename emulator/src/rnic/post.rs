@@ -97,11 +97,6 @@ impl Rnic {
             self.settle_cq_errors();
             return Ok(());
         }
-        if qp.qp_type == QpType::Ud && len > qp.mtu().max(self.dev.active_mtu.bytes() as u64) {
-            // IBTA 10.8.3 (unverified): a UD message longer than the path MTU fails with a local
-            // length error.
-            wqe.error = Some(WcStatus::LocLenErr);
-        }
         qp.sq.push_back(wqe);
         self.refresh(slot);
         Ok(())

@@ -166,9 +166,30 @@ fn packet_opcode(op: &WrOpcode, uc: bool, k: u32, n: u32) -> Opcode {
     }
 }
 
+/// C10-93.1.1 (as Linux's rxe_req.c quotes it): "If the total sum of all the buffer lengths
+/// specified for a UD message exceeds the MTU of the port as returned by QueryHCA, the CI shall
+/// not emit any packets for this message. Further, the CI shall not generate an error due to
+/// this condition." Such messages at the head of a UD send queue complete successfully, unsent
+/// (as rxe's requester fakes a successful UD send). A UD WQE completes as it leaves, so the next
+/// one to send is always the oldest.
+fn skip_ud_over_mtu(dev: &mut Dev, qp: &mut Qp) {
+    let limit = qp.mtu().max(dev.active_mtu.bytes() as u64);
+    while qp.sq_next == 0
+        && qp
+            .sq
+            .front()
+            .is_some_and(|w| w.error.is_none() && !w.started && w.len > limit)
+    {
+        complete_front(dev, qp);
+    }
+}
+
 /// Builds the next request packet of `qp` into `buf`.
 #[inline]
 pub(crate) fn produce(dev: &mut Dev, qp: &mut Qp, now: Nanos, buf: &mut [u8]) -> Option<usize> {
+    if qp.qp_type == QpType::Ud {
+        skip_ud_over_mtu(dev, qp);
+    }
     let idx = qp.sq_next;
     let w = qp.sq.get(idx)?;
     if let Some(st) = w.error {
@@ -200,8 +221,8 @@ pub(crate) fn produce(dev: &mut Dev, qp: &mut Qp, now: Nanos, buf: &mut [u8]) ->
         }
         let npkts = match w.wr.opcode {
             WrOpcode::AtomicCmpSwap { .. } | WrOpcode::AtomicFetchAdd { .. } => 1,
-            // A UD message is one packet (its length was checked against the MTU at post;
-            // a UD QP has no path MTU of its own).
+            // A UD message is one packet (one longer than the port MTU completed unsent in
+            // skip_ud_over_mtu; a UD QP has no path MTU of its own).
             _ if qp.qp_type == QpType::Ud => 1,
             _ => qp.pkts_for(w.len),
         };

@@ -849,11 +849,14 @@ pub extern "C" fn rdma_connect(id: *mut rdma_cm_id, param: *mut rdma_conn_param)
                 pdata[hdr_len..hdr_len + user.len()].copy_from_slice(user);
                 let my_psn = s.psn();
                 let flow_label = rocemu_wire::cm::rdma_cm_flow_label(src.port(), dst.port());
+                // No parameters: librdmacm's rdma_connect offers the device's maximum
+                // responder resources and initiator depth (RDMA_MAX_*), not 0, which would
+                // leave the QP refusing every READ and atomic (max_dest_rd_atomic 0).
                 let p = p.unwrap_or(rdma_conn_param {
                     private_data: std::ptr::null(),
                     private_data_len: 0,
-                    responder_resources: 0,
-                    initiator_depth: 0,
+                    responder_resources: RDMA_MAX_RESP_RES,
+                    initiator_depth: RDMA_MAX_INIT_DEPTH,
                     flow_control: 1,
                     retry_count: 7,
                     rnr_retry_count: 7,

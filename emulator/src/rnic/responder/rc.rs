@@ -284,7 +284,13 @@ fn trim_resources(qp: &mut Qp, keep: usize) {
 /// accepts are an invalid request (C9-150, unverified), NAKed and fatal; with no response slot
 /// free the request is not executed at all, as if lost (the requester sends it again).
 fn responder_resource(dev: &mut Dev, qp: &mut Qp, psn: Psn) -> bool {
-    let max = qp.attr.max_dest_rd_atomic.max(1) as usize;
+    // max_dest_rd_atomic 0: the QP takes no READ or atomic at all (rxe's check_resource():
+    // RESPST_ERR_TOO_MANY_RDMA_ATM_REQ, a NAK invalid request).
+    if qp.attr.max_dest_rd_atomic == 0 {
+        fatal(dev, qp, psn, NakCode::InvalidRequest, None);
+        return false;
+    }
+    let max = qp.attr.max_dest_rd_atomic as usize;
     trim_resources(qp, max - 1);
     if qp.resources.len() >= max {
         fatal(dev, qp, psn, NakCode::InvalidRequest, None);
