@@ -560,6 +560,44 @@ pub const A17_CNP_REACTION: Cite = a17(
     "CA17-45: a received CNP reduces the injection rate of the QP it names",
 );
 
+// ---- RC requester (issue 20) ----
+// The behaviour each rule describes is what Linux's rxe (rxe_comp.c, rxe_req.c), hfi1 and qib
+// (rc.c) do, as quoted in the scenarios' comments; none of them names the clause, so the numbers
+// stay unverified.
+
+pub const RNR_RETRY_INFINITE: Cite = guess(
+    "9.7.5.2.8",
+    "rnr_retry 7: an RNR NAK is retried forever (qib/hfi1 spend the count only below 7)",
+);
+pub const RETRY_CNT_FINITE: Cite = guess(
+    "9.7.6.1.3",
+    "retry_cnt counts retries after the local ACK timeout; 7 is seven, not infinite",
+);
+pub const FENCE: Cite = guess(
+    "11.4.1.1",
+    "Post Send: the fence indicator holds a WR until earlier READs and atomics complete",
+);
+pub const INITIATOR_DEPTH: Cite = guess(
+    "11.2.4.2",
+    "max_rd_atomic, the initiator depth: no more READs and atomics outstanding",
+);
+pub const UNSIGNALED_ERROR: Cite = guess(
+    "11.4.1.1",
+    "an unsignaled WR that completes in error still generates a completion",
+);
+pub const SQ_DRAIN: Cite = guess(
+    "10.3.1",
+    "SQ drain (SQD): WRs under way complete, none starts until back in RTS",
+);
+pub const UNEXPECTED_RESPONSE: Cite = guess(
+    "9.7.5.2",
+    "a response whose opcode the request at its PSN does not expect: bad response error",
+);
+pub const READ_NAK_MIDWAY: Cite = guess(
+    "9.7.5.2",
+    "a NAK amid READ responses: a sequence error resumes the READ, an error NAK ends it",
+);
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -775,3 +775,63 @@ fn handmade_write_middle_at_expected_psn_is_nakked() {
     assert_eq!(t.acks(Dir::BA), vec![(PSN_A, NAK_INV, 0)]);
     assert_eq!(t.bytes(B, 0, 64), vec![0; 64]);
 }
+
+#[test]
+fn a_response_of_the_wrong_opcode_is_a_bad_response() {
+    // The ACK of a SEND arrives as an RDMA READ RESPONSE ONLY at the SEND's PSN: an unexpected
+    // transport opcode from the responder, IBV_WC_BAD_RESP_ERR (rdma-core's ibv_poll_cq(3); rxe
+    // fails the WQE too), the QP to ERR; not dropped, not taken as the ACK.
+    let mut t = bed256();
+    t.filter = Box::new(|p| {
+        if p.dir == Dir::BA && p.op == O::RC_ACKNOWLEDGE {
+            Verdict::Replace(rebuild(&p.frame, |r| {
+                r.bth.opcode = O::RC_RDMA_READ_RESPONSE_ONLY
+            }))
+        } else {
+            Verdict::Pass
+        }
+    });
+    t.post_recv(B, 100, 0x8000, 4096);
+    t.post_send(A, wr(1, WrOpcode::Send, vec![t.sge(A, 0, 8)]));
+    let (wa, _) = t.settle();
+    assert_eq!(st(&wa), vec![(1, WcStatus::BadRespErr)]);
+    assert_eq!(t.state(A), QpState::Err);
+}
+
+#[test]
+fn an_atomic_acknowledge_for_a_read_is_a_bad_response() {
+    // The READ's response arrives as an ATOMIC ACKNOWLEDGE: BAD_RESP_ERR, nothing written.
+    let mut t = bed256();
+    t.filter = Box::new(|p| {
+        if p.dir == Dir::BA && p.op == O::RC_RDMA_READ_RESPONSE_ONLY {
+            let f = rocemu_wire::parse_frame(&p.frame).unwrap();
+            let mut r = rocemu_wire::FrameRepr::from_parsed(&f);
+            r.bth.opcode = O::RC_ATOMIC_ACKNOWLEDGE;
+            r.bth.pad = 0;
+            r.ext.atomic_ack = Some(rocemu_wire::headers::AtomicAckEthRepr { orig: 0x77 });
+            let mut b = vec![0; 4096];
+            let n = r.emit_with_payload(&mut b, &[]).unwrap();
+            b.truncate(n);
+            Verdict::Replace(b)
+        } else {
+            Verdict::Pass
+        }
+    });
+    t.fill(A, 0, &[0; 8]);
+    let (va, rkey) = t.raddr(B, 0);
+    t.post_send(
+        A,
+        wr(
+            1,
+            WrOpcode::RdmaRead {
+                remote_addr: va,
+                rkey,
+            },
+            vec![t.sge(A, 0, 8)],
+        ),
+    );
+    let (wa, _) = t.settle();
+    assert_eq!(st(&wa), vec![(1, WcStatus::BadRespErr)]);
+    assert_eq!(t.bytes(A, 0, 8), vec![0; 8]);
+    assert_eq!(t.state(A), QpState::Err);
+}

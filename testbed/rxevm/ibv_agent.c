@@ -1612,7 +1612,7 @@ static int op_post_send(const struct jv *o, struct sb *r)
 	uint64_t qpn;
 	const char *name = NULL;
 	long i;
-	int n, sig = 1, sol = 0;
+	int n, sig = 1, sol = 0, fence = 0;
 	struct ibv_sge sg[MAX_SGE];
 	struct ibv_send_wr wr, *bad = NULL;
 	(void)r;
@@ -1627,11 +1627,13 @@ static int op_post_send(const struct jv *o, struct sb *r)
 		return fail("field \"opcode\": unknown send opcode \"%.40s\"", name);
 	wr.opcode = send_ops[k].op;
 	if (u64_opt(o, "wr_id", UINT64_MAX, 0, &wr.wr_id) < 0 || sg_of(o, sg, &n) ||
-	    bool_opt(o, "signaled", 1, &sig) || bool_opt(o, "solicited", 0, &sol))
+	    bool_opt(o, "signaled", 1, &sig) || bool_opt(o, "solicited", 0, &sol) ||
+	    bool_opt(o, "fence", 0, &fence))
 		return -1;
 	wr.sg_list = n ? sg : NULL;
 	wr.num_sge = n;
-	wr.send_flags = (sig ? IBV_SEND_SIGNALED : 0) | (sol ? IBV_SEND_SOLICITED : 0);
+	wr.send_flags = (sig ? IBV_SEND_SIGNALED : 0) | (sol ? IBV_SEND_SOLICITED : 0) |
+			(fence ? IBV_SEND_FENCE : 0);
 	uint64_t raddr, rkey, cmp, swp, imm;
 	if (u64_opt(o, "remote_addr", UINT64_MAX, 0, &raddr) < 0 ||
 	    u64_opt(o, "rkey", UINT64_MAX, 0, &rkey) < 0 ||

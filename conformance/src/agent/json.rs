@@ -248,6 +248,7 @@ fn send_wr_of(o: &Obj) -> Result<SendWr, String> {
         compare_add: u64_or(o, "compare_add", 0)?,
         swap: u64_or(o, "swap", 0)?,
         signaled: bool_or(o, "signaled", true)?,
+        fence: bool_or(o, "fence", false)?,
         ud,
         solicited: bool_or(o, "solicited", false)?,
     })
@@ -316,6 +317,9 @@ pub fn request_json(req: &Request) -> Value {
             put("compare_add", wr.compare_add.into());
             put("swap", wr.swap.into());
             put("signaled", wr.signaled.into());
+            if wr.fence {
+                put("fence", true.into());
+            }
             if wr.solicited {
                 put("solicited", true.into());
             }
@@ -677,6 +681,7 @@ mod tests {
         wr.compare_add = 1 << 63;
         wr.swap = 5;
         wr.signaled = false;
+        wr.fence = true;
         wr.ud = Some(UdDest {
             ah,
             remote_qpn: Qpn::new(0xff_ffff),

@@ -251,6 +251,8 @@ pub struct SendWr {
     pub compare_add: u64,
     pub swap: u64,
     pub signaled: bool,
+    /// IBV_SEND_FENCE: not sent before the READs and atomics posted ahead of it complete.
+    pub fence: bool,
     pub ud: Option<UdDest>,
     /// `IBV_SEND_SOLICITED`: the last packet of the message carries the BTH SE bit.
     pub solicited: bool,
@@ -269,6 +271,7 @@ impl SendWr {
             compare_add: 0,
             swap: 0,
             signaled: true,
+            fence: false,
             ud: None,
             solicited: false,
         }

@@ -398,6 +398,9 @@ fn post_send(rnic: &mut Rnic, qpn: Qpn, wr: SendWr) -> AgentResult<Reply> {
     } else {
         r::SendFlags::default()
     };
+    if wr.fence {
+        w.flags = w.flags | r::SendFlags::FENCE;
+    }
     if wr.solicited {
         w.flags = r::SendFlags(w.flags.0 | r::SendFlags::SOLICITED.0);
     }

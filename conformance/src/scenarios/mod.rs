@@ -8,6 +8,7 @@ pub mod psn;
 pub mod rc;
 pub mod rdma;
 pub mod req;
+pub mod reqx;
 pub mod resp;
 pub mod roce;
 pub mod sec;
@@ -23,6 +24,7 @@ pub fn catalogue() -> Vec<Scenario> {
         msg::SCENARIOS,
         rdma::SCENARIOS,
         req::SCENARIOS,
+        reqx::SCENARIOS,
         rc::SCENARIOS,
         resp::SCENARIOS,
         ucud::SCENARIOS,

@@ -182,10 +182,11 @@ fn complete_upto(dev: &mut Dev, qp: &mut Qp, now: Nanos, psn: Psn) -> bool {
         }
         let covered = !w.last_psn().is_after(psn);
         let rd = w.wr.opcode.is_read_or_atomic();
-        if rd && !w.done && !w.first_psn.is_after(psn) {
-            // The ACK covers a read/atomic whose response never came (an implied NAK, IBTA
-            // 9.7.5.2.2, unverified).
-            let resume = w.first_psn.add(w.resp_pkts);
+        let resume = w.first_psn.add(w.resp_pkts);
+        if rd && !w.done && !resume.is_after(psn) {
+            // The ACK covers a PSN of a read/atomic whose response never came (an implied NAK,
+            // IBTA 9.7.5.2.2, unverified). A NAK right after the responses that did come (a
+            // READ cut short by the responder) covers none of the missing ones: no retry.
             implied_nak(dev, qp, now, 0, resume);
             return any;
         }
@@ -369,8 +370,44 @@ fn fail_at(dev: &mut Dev, qp: &mut Qp, psn: Psn, status: WcStatus) {
     fail_wqe(dev, qp, i, status);
 }
 
+/// A READ response or ATOMIC_ACKNOWLEDGE at the PSN the requester waits for next, of a kind the
+/// WQE at that PSN does not expect (a READ response for a SEND, WRITE or atomic; an
+/// ATOMIC_ACKNOWLEDGE for anything but an atomic): that WQE completes IBV_WC_BAD_RESP_ERR and
+/// the QP goes to ERR. rdma-core's ibv_poll_cq(3): "Bad Response Error - an unexpected transport
+/// layer opcode was returned by the responder"; rxe's check_ack() fails the WQE as well (with
+/// IBV_WC_FATAL_ERR). A response at any other PSN is a duplicate or a gap, handled by the
+/// callers. Returns true when the WQE failed.
+fn unexpected_opcode(dev: &mut Dev, qp: &mut Qp, psn: Psn, read_response: bool) -> bool {
+    if psn != qp.acked_psn {
+        return false;
+    }
+    let Some(i) = qp
+        .sq
+        .iter()
+        .take_while(|w| w.started)
+        .position(|w| !w.last_psn().is_before(psn))
+    else {
+        return false;
+    };
+    let w = &qp.sq[i];
+    let expected = if read_response {
+        matches!(w.wr.opcode, WrOpcode::RdmaRead { .. })
+    } else {
+        w.wr.opcode.is_atomic()
+    };
+    if psn.is_before(w.first_psn) || expected {
+        return false;
+    }
+    dev.counters.rx_drop_unexpected_resp += 1;
+    fail_wqe(dev, qp, i, WcStatus::BadRespErr);
+    true
+}
+
 fn read_response(dev: &mut Dev, qp: &mut Qp, now: Nanos, pkt: &Packet<'_>) {
     let psn = pkt.bth.psn;
+    if unexpected_opcode(dev, qp, psn, true) {
+        return;
+    }
     // The READ this response belongs to: the oldest WQE still waiting for responses.
     let Some(ri) = awaiting_response(qp) else {
         dev.counters.rx_drop_unexpected_resp += 1;
@@ -462,6 +499,9 @@ fn read_response(dev: &mut Dev, qp: &mut Qp, now: Nanos, pkt: &Packet<'_>) {
 
 fn atomic_ack(dev: &mut Dev, qp: &mut Qp, now: Nanos, pkt: &Packet<'_>) {
     let psn = pkt.bth.psn;
+    if unexpected_opcode(dev, qp, psn, false) {
+        return;
+    }
     let Some(ri) = awaiting_response(qp) else {
         dev.counters.rx_drop_unexpected_resp += 1;
         return;
