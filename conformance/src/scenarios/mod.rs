@@ -9,6 +9,9 @@ pub mod rc;
 pub mod rdma;
 pub mod req;
 pub mod sec;
+pub mod states;
+pub mod cm;
+pub mod ext;
 pub mod ucud;
 pub mod verbs;
 
@@ -23,6 +26,9 @@ pub fn catalogue() -> Vec<Scenario> {
         rc::SCENARIOS,
         ucud::SCENARIOS,
         verbs::SCENARIOS,
+        states::SCENARIOS,
+        cm::SCENARIOS,
+        ext::SCENARIOS,
         sec::SCENARIOS,
     ]
     .concat()
