@@ -26,7 +26,7 @@ const IDS: &[&str] = &[
     "qp.sqd.holds-new-sends",
     "qp.sqd.receives-still-work",
     "qp.sqe.ud-send-error-recovers",
-    "verbs.post-send.invalid-lkey-loc-prot-err",
+    "verbs.sge.invalid-lkey-loc-prot-err",
     "verbs.cq.overflow-qp-error",
     "cm.rej.unknown-service-id",
     "cm.req.duplicate-one-connection",
@@ -48,7 +48,10 @@ fn states_scenarios_pass_through_a_no_op_breaker() {
         );
     }
     // Without the caps the IBA 1.5 scenarios are unsupported, not passed nor failed.
-    for id in ["ext.flush.responder-acks", "ext.atomic-write.responder-writes"] {
+    for id in [
+        "ext.flush.responder-acks",
+        "ext.atomic-write.responder-writes",
+    ] {
         let r = run_self_with(&by_id(id).unwrap(), |_, a| Box::new(a)).result;
         assert!(r.unsupported && !r.passed, "{id}: {:?}", r.reason);
     }
@@ -139,13 +142,16 @@ fn sqd_receives_fail_when_sqd_stops_the_receive_queue() {
         "qp.sqd.receives-still-work",
         move |dut: &SharedDut, inner: SelfAgent| -> Box<dyn Agent> {
             let d2 = d.clone();
-            dut.borrow_mut().rx_filter = Some(Box::new(move |f| {
-                if d2.get() {
-                    Vec::new()
-                } else {
-                    vec![f]
-                }
-            }));
+            dut.borrow_mut().rx_filter =
+                Some(Box::new(
+                    move |f| {
+                        if d2.get() {
+                            Vec::new()
+                        } else {
+                            vec![f]
+                        }
+                    },
+                ));
             Box::new(Wrapped {
                 inner,
                 f: Box::new(move |a: &mut SelfAgent, req| {
@@ -191,7 +197,7 @@ fn invalid_lkey_fails_when_lkeys_are_not_checked() {
     // Every SGE's L_Key becomes the last registered one: a device that takes any L_Key.
     let lkey = Rc::new(Cell::new(0u32));
     fails(
-        "verbs.post-send.invalid-lkey-loc-prot-err",
+        "verbs.sge.invalid-lkey-loc-prot-err",
         agent(move |a: &mut SelfAgent, req| match req {
             Request::PostSend { qpn, mut wr } => {
                 for s in &mut wr.sg {

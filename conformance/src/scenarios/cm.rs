@@ -56,10 +56,7 @@ fn rej_unknown_service(ctx: &mut Ctx<'_>) -> Outcome {
         for _ in 0..patience.tries {
             cm_peer::send(&mut ctx.peer, &m)?;
             let deadline = ctx.peer.now() + patience.wait;
-            while let Some((_, got)) = ctx
-                .peer
-                .recv_mad(deadline.saturating_sub(ctx.peer.now()))
-            {
+            while let Some((_, got)) = ctx.peer.recv_mad(deadline.saturating_sub(ctx.peer.now())) {
                 match got.msg {
                     CmMessage::Rej(rej) if rej.remote_comm_id == o.comm_id => {
                         if rej.reason != RejReason::INVALID_SERVICE_ID
@@ -122,21 +119,20 @@ fn again(ctx: &mut Ctx<'_>, port: u16, o: &Offer, a: &Accepted, p: Patience) -> 
     let req = cm_peer::req(&ctx.peer, port, o)?;
     cm_peer::send(&mut ctx.peer, &CmMadRepr::new(o.tid, CmMessage::Req(req)))?;
     let deadline = ctx.peer.now() + p.wait;
-    while let Some((_, got)) = ctx
-        .peer
-        .recv_mad(deadline.saturating_sub(ctx.peer.now()))
-    {
+    while let Some((_, got)) = ctx.peer.recv_mad(deadline.saturating_sub(ctx.peer.now())) {
         match got.msg {
-            CmMessage::Rep(rep) if rep.remote_comm_id == o.comm_id => {
-                if rep.local_comm_id != a.rep.local_comm_id || rep.local_qpn != a.rep.local_qpn {
-                    return Err(format!(
-                        "the same REQ again got a REP for another connection: communication ID 0x{:08x} QP 0x{:06x}, the first REP's were 0x{:08x} and 0x{:06x}",
-                        rep.local_comm_id.0,
-                        rep.local_qpn.value(),
-                        a.rep.local_comm_id.0,
-                        a.rep.local_qpn.value()
-                    ));
-                }
+            CmMessage::Rep(rep)
+                if rep.remote_comm_id == o.comm_id
+                    && (rep.local_comm_id != a.rep.local_comm_id
+                        || rep.local_qpn != a.rep.local_qpn) =>
+            {
+                return Err(format!(
+                    "the same REQ again got a REP for another connection: communication ID 0x{:08x} QP 0x{:06x}, the first REP's were 0x{:08x} and 0x{:06x}",
+                    rep.local_comm_id.0,
+                    rep.local_qpn.value(),
+                    a.rep.local_comm_id.0,
+                    a.rep.local_qpn.value()
+                ));
             }
             CmMessage::Rej(rej) if rej.remote_comm_id == o.comm_id => {
                 return Err(format!(

@@ -42,7 +42,9 @@ fn expect_positive(ctx: &mut Ctx<'_>, psn: Psn, why: &str) -> Outcome {
 
 fn flush(ctx: &mut Ctx<'_>) -> Outcome {
     if !ctx.dev.has("flush") {
-        return unsupported("the device does not offer IBA 1.5 FLUSH (no \"flush\" in query_device's caps)");
+        return unsupported(
+            "the device does not offer IBA 1.5 FLUSH (no \"flush\" in query_device's caps)",
+        );
     }
     let c = ctx.connect(ConnOpts::default())?;
     let mut r = ctx

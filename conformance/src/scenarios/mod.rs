@@ -2,6 +2,8 @@
 //! the order of the reports.
 use crate::scenario::Scenario;
 
+pub mod cm;
+pub mod ext;
 pub mod hdr;
 pub mod msg;
 pub mod psn;
@@ -10,8 +12,6 @@ pub mod rdma;
 pub mod req;
 pub mod sec;
 pub mod states;
-pub mod cm;
-pub mod ext;
 pub mod ucud;
 pub mod verbs;
 

@@ -71,7 +71,7 @@ pub const SCENARIOS: &[Scenario] = &[
         run: sqe_recovers,
     },
     Scenario {
-        id: "verbs.post-send.invalid-lkey-loc-prot-err",
+        id: "verbs.sge.invalid-lkey-loc-prot-err",
         title: "An RC SEND whose SGE names an invalid L_Key completes IBV_WC_LOC_PROT_ERR, nothing of it is sent, and the QP goes to ERR",
         cites: &[cite::LOCAL_PROTECTION, cite::COMPLETION_STATUS],
         run: invalid_lkey,
@@ -119,7 +119,11 @@ fn init_needs_access_flags(ctx: &mut Ctx<'_>) -> Outcome {
             },
         )
         .map_err(|e| format!("RESET → INIT with P_Key index, port and access flags: {e}"))?;
-    ctx.expect_state(&c, QpState::Init, "RESET → INIT with the required attributes")
+    ctx.expect_state(
+        &c,
+        QpState::Init,
+        "RESET → INIT with the required attributes",
+    )
 }
 
 fn rts_attrs(c: &Conn) -> ModifyQp {
@@ -208,7 +212,11 @@ fn ud_init_rejects_access(ctx: &mut Ctx<'_>) -> Outcome {
             },
         )
         .map_err(|e| format!("RESET → INIT (UD) with P_Key index, port and Q_Key: {e}"))?;
-    ctx.expect_state(&c, QpState::Init, "RESET → INIT (UD) with the required attributes")
+    ctx.expect_state(
+        &c,
+        QpState::Init,
+        "RESET → INIT (UD) with the required attributes",
+    )
 }
 
 fn rts_to_rtr(ctx: &mut Ctx<'_>) -> Outcome {
