@@ -573,3 +573,83 @@ pub fn side_by_side(reports: &[Value], names: &[String]) -> Result<String, Strin
     }
     Ok(s)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn case(id: &'static str, reason: Option<&str>) -> CaseResult {
+        CaseResult {
+            id,
+            title: "t",
+            spec: "s".into(),
+            passed: reason.is_none(),
+            unsupported: reason.is_some_and(crate::scenario::is_unsupported),
+            reason: reason.map(str::to_string),
+            frames: 0,
+            link_time: Duration::ZERO,
+            wall: Duration::ZERO,
+            pcap: None,
+            counters: None,
+        }
+    }
+
+    #[test]
+    fn unsupported_is_neither_pass_nor_fail_in_every_format() {
+        let why = "unsupported: no FLUSH";
+        let r = Report {
+            target: "self".into(),
+            device: "d".into(),
+            cases: vec![
+                case("a.pass", None),
+                case("b.fail", Some("wrong")),
+                case("c.unsup", Some(why)),
+            ],
+        };
+        assert_eq!((r.passed(), r.failed(), r.unsupported()), (1, 1, 1));
+        let j = r.json();
+        assert_eq!(j["unsupported"], 1);
+        assert_eq!(j["failed"], 1);
+        let results: Vec<&str> = j["scenarios"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["result"].as_str().unwrap())
+            .collect();
+        assert_eq!(results, ["pass", "fail", "unsupported"]);
+        let x = r.junit();
+        assert!(
+            x.contains("failures=\"1\"") && x.contains("skipped=\"1\""),
+            "{x}"
+        );
+        assert!(
+            x.contains("<skipped message=\"unsupported: no FLUSH\"/>"),
+            "{x}"
+        );
+        assert_eq!(x.matches("<failure").count(), 1, "{x}");
+        let m = r.markdown();
+        assert!(m.contains("1 of 3 scenarios pass, 1 unsupported"), "{m}");
+        assert!(m.contains("| unsupported: no FLUSH |"), "{m}");
+        assert_eq!(m.matches("**FAIL**").count(), 1, "{m}");
+        let s = r.summary();
+        assert!(s.contains("UNSUPPORTED c.unsup") && s.contains("1 failed, 1 unsupported"));
+        let side = side_by_side(&[j], &[]).unwrap();
+        assert_eq!(side.matches("**FAIL**").count(), 1, "{side}");
+        // A failing case keeps its capture; an unsupported one writes none.
+        let dir = std::env::temp_dir().join(format!("rcf-unsup-{}", std::process::id()));
+        let mut peer = |id| CaseRun {
+            result: case(id, Some(why)),
+            peer: Some(Peer::new(
+                Box::new(NoLink),
+                (PEER_MAC, PEER_IP),
+                (PEER_MAC, PEER_IP),
+            )),
+        };
+        assert!(record(peer("c.unsup"), Some(&dir)).pcap.is_none());
+        let mut failing = peer("b.fail");
+        failing.result = case("b.fail", Some("wrong"));
+        let kept = record(failing, Some(&dir));
+        assert!(kept.pcap.as_ref().is_some_and(|p| p.exists()), "{kept:?}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
