@@ -597,6 +597,87 @@ pub const READ_NAK_MIDWAY: Cite = guess(
     "9.7.5.2",
     "a NAK amid READ responses: a sequence error resumes the READ, an error NAK ends it",
 );
+// ---- Verbs, states, CM, IBA 1.5 (issue 20) ----
+
+pub const MODIFY_QP_MASKS: Cite = Cite {
+    clause: "11.2.4.2, table 91",
+    rule: "Modify QP: per transition and QP type, the attributes required and the ones allowed; \
+           any other mask is refused and the QP keeps its state",
+    release: "1.2.1",
+    source: Source::Checked(
+        "Linux drivers/infiniband/core/verbs.c: qp_state_table (req_param and opt_param per \
+         transition and QP type) and ib_modify_qp_is_ok(), which rdma_rxe's rxe_qp_chk_attr() \
+         and the hardware drivers call; the number is the one ib_srp.c's srp_compute_rq_tmo() \
+         gives for Modify Queue Pair (\"section 11.2.4.2 ..., table 91\")",
+    ),
+};
+pub const QP_TRANSITIONS: Cite = Cite {
+    clause: "10.3.1",
+    rule: "the QP state diagram: no RTS → RTR, SQE entered only on a send error (never by \
+           Modify QP), SQD entered from RTS and left to RTS",
+    release: "not stated",
+    source: Source::Checked(
+        "Linux drivers/infiniband/core/verbs.c qp_state_table: the transitions out of RTS are \
+         RESET, ERR, RTS and SQD; out of SQE, RESET, ERR and RTS (the clause number itself read \
+         in no source)",
+    ),
+};
+pub const SQD_STATE: Cite = guess(
+    "10.3.1.5",
+    "Send Queue Drain: no new send WQE starts; the receive queue works on; SQD → RTS resumes",
+);
+pub const SQE_STATE: Cite = guess(
+    "10.3.1.6",
+    "Send Queue Error (UD, UC): a send error stops the send queue only; receives go on; \
+     SQE → RTS by Modify QP",
+);
+pub const LOCAL_PROTECTION: Cite = guess(
+    "11.6.2",
+    "a send WR whose SGE names an invalid L_Key completes with Local Protection Error, and \
+     nothing of it is sent",
+);
+pub const CQ_OVERRUN: Cite = guess(
+    "11.4.2.1, 11.6.3",
+    "a completion that finds its CQ full is a CQ overrun: a CQ error, the QPs on it to ERR \
+     (rdma_rxe: rxe_cq_post raises IB_EVENT_CQ_ERR and fails, the responder goes to ERR)",
+);
+pub const REJ_INVALID_SID: Cite = Cite {
+    clause: "12.6.7, REJ reason 8",
+    rule: "a REQ whose Service ID nobody listens on is rejected with reason 8, Invalid Service ID",
+    release: "not stated",
+    source: Source::Checked(
+        "Linux drivers/infiniband/core/cm.c cm_match_req(): no listener → \
+         cm_issue_rej(IB_CM_REJ_INVALID_SERVICE_ID, CM_MSG_RESPONSE_REQ); \
+         include/rdma/ib_cm.h: IB_CM_REJ_INVALID_SERVICE_ID = 8 (the section number 12.6.7 read \
+         in no source)",
+    ),
+};
+pub const CM_DUPLICATE_REQ: Cite = Cite {
+    clause: "12.9.7",
+    rule: "a duplicate REQ (same Local Communication ID and CA GUID) makes no second connection: \
+           dropped, or answered for the existing one",
+    release: "not stated",
+    source: Source::Checked(
+        "Linux drivers/infiniband/core/cm.c cm_dup_req_handler(): a duplicate REQ is counted \
+         (CM_RECV_DUPLICATES) and, in REP_SENT, dropped (the REP's own retransmission answers \
+         it); an MRA is resent in MRA_REQ_SENT, a REJ Stale Connection in TIMEWAIT (the section \
+         number 12.9.7 read in no source)",
+    ),
+};
+pub const FLUSH_OP: Cite = Cite {
+    clause: "9.4.7",
+    rule: "FLUSH: FETH and RETH, no payload; the responder makes the range persistent or \
+           globally visible and answers at the request's PSN",
+    release: "1.5",
+    source: Source::Unverified,
+};
+pub const ATOMIC_WRITE_OP: Cite = Cite {
+    clause: "9.4.8",
+    rule: "ATOMIC WRITE: RETH and 8 bytes of payload written as one, answered at the request's \
+           PSN",
+    release: "1.5",
+    source: Source::Unverified,
+};
 
 #[cfg(test)]
 mod tests {

@@ -119,7 +119,7 @@ fn bytes(m: &CmMadRepr) -> Result<[u8; MAD_LEN], String> {
     Ok(b)
 }
 
-fn send(peer: &mut Peer, m: &CmMadRepr) -> Result<(), String> {
+pub fn send(peer: &mut Peer, m: &CmMadRepr) -> Result<(), String> {
     let b = bytes(m)?;
     let c = peer.craft_mad(&b);
     peer.send(&c)

@@ -27,7 +27,10 @@ pub struct CaseResult {
     /// The scenario's citations in a few words ([`Scenario::spec`]).
     pub spec: String,
     pub passed: bool,
-    /// Why it failed (None when it passed).
+    /// The device lacks the optional feature the scenario is about: neither passed nor failed
+    /// (`reason` says what is missing).
+    pub unsupported: bool,
+    /// Why it failed, or why it is unsupported (None when it passed).
     pub reason: Option<String>,
     /// Frames both ways.
     pub frames: usize,
@@ -73,6 +76,7 @@ fn failed_setup(sc: &Scenario, why: String) -> CaseRun {
             title: sc.title,
             spec: sc.spec(),
             passed: false,
+            unsupported: false,
             reason: Some(why),
             frames: 0,
             link_time: Duration::ZERO,
@@ -104,6 +108,10 @@ pub fn run_case(
             title: sc.title,
             spec: sc.spec(),
             passed: outcome.is_ok(),
+            unsupported: outcome
+                .as_ref()
+                .err()
+                .is_some_and(|r| crate::scenario::is_unsupported(r)),
             reason: outcome.err(),
             frames: peer.capture.len(),
             link_time: peer.now().saturating_sub(start),
@@ -300,22 +308,35 @@ impl Report {
         self.cases.iter().filter(|c| c.passed).count()
     }
     pub fn failed(&self) -> usize {
-        self.cases.len() - self.passed()
+        self.cases.len() - self.passed() - self.unsupported()
+    }
+    /// Scenarios about a feature the device does not have: neither passed nor failed.
+    pub fn unsupported(&self) -> usize {
+        self.cases.iter().filter(|c| c.unsupported).count()
     }
 
     /// One line per scenario, then the totals.
     pub fn summary(&self) -> String {
         let mut s = String::new();
         for c in &self.cases {
-            let _ = write!(s, "{} {}", if c.passed { "PASS" } else { "FAIL" }, c.id);
+            let verdict = match (c.passed, c.unsupported) {
+                (true, _) => "PASS",
+                (false, true) => "UNSUPPORTED",
+                (false, false) => "FAIL",
+            };
+            let _ = write!(s, "{verdict} {}", c.id);
             if let Some(r) = &c.reason {
                 let _ = write!(s, ": {r}");
             }
             s.push('\n');
         }
+        let unsupported = match self.unsupported() {
+            0 => String::new(),
+            n => format!(", {n} unsupported"),
+        };
         let _ = writeln!(
             s,
-            "conformance ({}): {} passed, {} failed, {} scenarios",
+            "conformance ({}): {} passed, {} failed{unsupported}, {} scenarios",
             self.target,
             self.passed(),
             self.failed(),
@@ -330,12 +351,17 @@ impl Report {
             "device": self.device,
             "passed": self.passed(),
             "failed": self.failed(),
+            "unsupported": self.unsupported(),
             "scenarios": self.cases.iter().map(|c| {
                 let mut o = json!({
                     "id": c.id,
                     "title": c.title,
                     "spec": c.spec,
-                    "result": if c.passed { "pass" } else { "fail" },
+                    "result": match (c.passed, c.unsupported) {
+                        (true, _) => "pass",
+                        (false, true) => "unsupported",
+                        (false, false) => "fail",
+                    },
                     "reason": c.reason,
                     "frames": c.frames,
                     "link_ms": c.link_time.as_secs_f64() * 1e3,
@@ -356,10 +382,11 @@ impl Report {
         let total: f64 = self.cases.iter().map(|c| c.wall.as_secs_f64()).sum();
         let _ = writeln!(
             s,
-            "<testsuite name=\"rocemu-conformance ({})\" tests=\"{}\" failures=\"{}\" errors=\"0\" time=\"{total:.3}\">",
+            "<testsuite name=\"rocemu-conformance ({})\" tests=\"{}\" failures=\"{}\" errors=\"0\" skipped=\"{}\" time=\"{total:.3}\">",
             xml_escape(&self.target),
             self.cases.len(),
-            self.failed()
+            self.failed(),
+            self.unsupported()
         );
         for c in &self.cases {
             let class = c.id.split('.').next().unwrap_or(c.id);
@@ -370,7 +397,9 @@ impl Report {
                 xml_escape(c.id),
                 c.wall.as_secs_f64()
             );
-            if let Some(r) = &c.reason {
+            if let (true, Some(r)) = (c.unsupported, &c.reason) {
+                let _ = write!(s, "\n    <skipped message=\"{}\"/>\n  ", xml_escape(r));
+            } else if let Some(r) = &c.reason {
                 let _ = write!(
                     s,
                     "\n    <failure message=\"{}\">{} — {}</failure>\n  ",
@@ -390,16 +419,21 @@ impl Report {
         let mut s = String::new();
         let _ = writeln!(
             s,
-            "Target `{}` ({}): {} of {} scenarios pass.\n",
+            "Target `{}` ({}): {} of {} scenarios pass{}.\n",
             self.target,
             self.device,
             self.passed(),
-            self.cases.len()
+            self.cases.len(),
+            match self.unsupported() {
+                0 => String::new(),
+                n => format!(", {n} unsupported"),
+            }
         );
         s.push_str("| id | what | citation | result |\n|---|---|---|---|\n");
         for c in &self.cases {
             let result = match &c.reason {
                 None => "pass".to_string(),
+                Some(r) if c.unsupported => md_cell(r),
                 Some(r) => format!("**FAIL**: {}", md_cell(r)),
             };
             let _ = writeln!(
@@ -430,7 +464,8 @@ impl Report {
 /// Keeps a case's result, writing its capture to `out/pcap/<id>.pcap` when it failed.
 pub fn record(run: CaseRun, out: Option<&Path>) -> CaseResult {
     let mut r = run.result;
-    if let (false, Some(dir), Some(peer)) = (r.passed, out, run.peer.as_ref()) {
+    let failed = !r.passed && !r.unsupported;
+    if let (true, Some(dir), Some(peer)) = (failed, out, run.peer.as_ref()) {
         let d = dir.join("pcap");
         let p = d.join(format!("{}.pcap", r.id));
         let written = std::fs::create_dir_all(&d)
@@ -507,6 +542,7 @@ pub fn side_by_side(reports: &[Value], names: &[String]) -> Result<String, Strin
             }
             let res = match c["reason"].as_str() {
                 None => "pass".to_string(),
+                Some(why) if c["result"] == "unsupported" => md_cell(why),
                 Some(why) => format!("**FAIL**: {}", md_cell(why)),
             };
             m.insert(id, res);
@@ -536,4 +572,84 @@ pub fn side_by_side(reports: &[Value], names: &[String]) -> Result<String, Strin
         );
     }
     Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn case(id: &'static str, reason: Option<&str>) -> CaseResult {
+        CaseResult {
+            id,
+            title: "t",
+            spec: "s".into(),
+            passed: reason.is_none(),
+            unsupported: reason.is_some_and(crate::scenario::is_unsupported),
+            reason: reason.map(str::to_string),
+            frames: 0,
+            link_time: Duration::ZERO,
+            wall: Duration::ZERO,
+            pcap: None,
+            counters: None,
+        }
+    }
+
+    #[test]
+    fn unsupported_is_neither_pass_nor_fail_in_every_format() {
+        let why = "unsupported: no FLUSH";
+        let r = Report {
+            target: "self".into(),
+            device: "d".into(),
+            cases: vec![
+                case("a.pass", None),
+                case("b.fail", Some("wrong")),
+                case("c.unsup", Some(why)),
+            ],
+        };
+        assert_eq!((r.passed(), r.failed(), r.unsupported()), (1, 1, 1));
+        let j = r.json();
+        assert_eq!(j["unsupported"], 1);
+        assert_eq!(j["failed"], 1);
+        let results: Vec<&str> = j["scenarios"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["result"].as_str().unwrap())
+            .collect();
+        assert_eq!(results, ["pass", "fail", "unsupported"]);
+        let x = r.junit();
+        assert!(
+            x.contains("failures=\"1\"") && x.contains("skipped=\"1\""),
+            "{x}"
+        );
+        assert!(
+            x.contains("<skipped message=\"unsupported: no FLUSH\"/>"),
+            "{x}"
+        );
+        assert_eq!(x.matches("<failure").count(), 1, "{x}");
+        let m = r.markdown();
+        assert!(m.contains("1 of 3 scenarios pass, 1 unsupported"), "{m}");
+        assert!(m.contains("| unsupported: no FLUSH |"), "{m}");
+        assert_eq!(m.matches("**FAIL**").count(), 1, "{m}");
+        let s = r.summary();
+        assert!(s.contains("UNSUPPORTED c.unsup") && s.contains("1 failed, 1 unsupported"));
+        let side = side_by_side(&[j], &[]).unwrap();
+        assert_eq!(side.matches("**FAIL**").count(), 1, "{side}");
+        // A failing case keeps its capture; an unsupported one writes none.
+        let dir = std::env::temp_dir().join(format!("rcf-unsup-{}", std::process::id()));
+        let mut peer = |id| CaseRun {
+            result: case(id, Some(why)),
+            peer: Some(Peer::new(
+                Box::new(NoLink),
+                (PEER_MAC, PEER_IP),
+                (PEER_MAC, PEER_IP),
+            )),
+        };
+        assert!(record(peer("c.unsup"), Some(&dir)).pcap.is_none());
+        let mut failing = peer("b.fail");
+        failing.result = case("b.fail", Some("wrong"));
+        let kept = record(failing, Some(&dir));
+        assert!(kept.pcap.as_ref().is_some_and(|p| p.exists()), "{kept:?}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -12,6 +12,21 @@ use std::time::Duration;
 /// A scenario's verdict: `Err` says precisely what was expected and what came.
 pub type Outcome = Result<(), String>;
 
+/// How an `Err` that is not a failure starts: the device lacks an optional feature the scenario
+/// is about (IBA 1.5 FLUSH, ATOMIC WRITE). The runner reports it as "unsupported", beside pass and
+/// fail ([`unsupported`]).
+pub const UNSUPPORTED: &str = "unsupported: ";
+
+/// The verdict of a scenario whose feature the device does not have: neither pass nor fail.
+pub fn unsupported(why: &str) -> Outcome {
+    Err(format!("{UNSUPPORTED}{why}"))
+}
+
+/// Whether a scenario's `Err` text is the "unsupported" verdict.
+pub fn is_unsupported(reason: &str) -> bool {
+    reason.starts_with(UNSUPPORTED)
+}
+
 /// One entry of the catalogue.
 #[derive(Debug, Clone, Copy)]
 pub struct Scenario {

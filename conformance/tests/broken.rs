@@ -22,7 +22,8 @@ fn every_scenario_passes_on_rocemu() {
     let mut failed = Vec::new();
     for sc in catalogue() {
         let r = run_self(&sc).result;
-        if !r.passed {
+        // "Unsupported" (a feature RoCEmu does not offer) is not a failure.
+        if !r.passed && !r.unsupported {
             failed.push(format!("{}: {}", sc.id, r.reason.unwrap_or_default()));
         }
     }

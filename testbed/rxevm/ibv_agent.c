@@ -1241,6 +1241,30 @@ static int op_query_device(const struct jv *o, struct sb *r)
 	put_u64(r, "active_mtu", mtu_bytes(pa.active_mtu));
 	snprintf(name, sizeof(name), "%s fw %s", dev_name, da.fw_ver);
 	put_str(r, "name", name);
+	/*
+	 * Optional features, from the extended capability flags (Linux
+	 * include/uapi/rdma/ib_user_verbs.h since 6.2: FLUSH_GLOBAL 1 << 38,
+	 * FLUSH_PERSISTENT 1 << 39, ATOMIC_WRITE 1 << 40; by number, as older
+	 * rdma-core headers lack them). A device that cannot say: none.
+	 */
+	struct ibv_device_attr_ex dx;
+	memset(&dx, 0, sizeof(dx));
+	uint64_t fx = 0;
+	if (!ibv_query_device_ex(ctx, NULL, &dx))
+		fx = dx.device_cap_flags_ex;
+	sb_key(r, "caps");
+	sb_mem(r, "[", 1);
+	int ncap = 0;
+	if (fx & ((1ULL << 38) | (1ULL << 39))) {
+		sb_str(r, "flush");
+		ncap++;
+	}
+	if (fx & (1ULL << 40)) {
+		if (ncap)
+			sb_mem(r, ",", 1);
+		sb_str(r, "atomic_write");
+	}
+	sb_mem(r, "]", 1);
 	return 0;
 }
 

@@ -503,6 +503,7 @@ pub fn reply_fields(r: &Reply) -> Obj {
             "gids": d.gids.iter().map(|g| g.to_string()).collect::<Vec<_>>(),
             "active_mtu": d.active_mtu,
             "name": d.name,
+            "caps": d.caps,
         }),
         Reply::Pd(p) => json!({ "pd": p }),
         Reply::Mr(m) => {
@@ -577,6 +578,16 @@ pub fn reply_of(op: &str, v: &Value) -> AgentResult<Reply> {
                     gids,
                     active_mtu: u32_of(o, "active_mtu")?,
                     name: str_of(o, "name").unwrap_or("").to_string(),
+                    // Optional (an older agent says nothing: no optional feature).
+                    caps: o
+                        .get("caps")
+                        .and_then(|c| c.as_array())
+                        .map(|a| {
+                            a.iter()
+                                .filter_map(|c| c.as_str().map(str::to_string))
+                                .collect()
+                        })
+                        .unwrap_or_default(),
                 })
             }
             "alloc_pd" => Reply::Pd(u32_of(o, "pd")?),

@@ -73,6 +73,16 @@ pub struct DeviceInfo {
     pub active_mtu: u32,
     /// Free text: the device name and firmware.
     pub name: String,
+    /// Optional features the device says it has (`query_device`'s optional `caps`): `flush`
+    /// (IBA 1.5 FLUSH), `atomic_write` (IBA 1.5 ATOMIC WRITE). Empty when the agent says nothing.
+    pub caps: Vec<String>,
+}
+
+impl DeviceInfo {
+    /// Whether the device says it has the optional feature `cap`.
+    pub fn has(&self, cap: &str) -> bool {
+        self.caps.iter().any(|c| c == cap)
+    }
 }
 
 /// A registered memory region (`struct ibv_mr`).

@@ -308,6 +308,8 @@ fn query_device(rnic: &Rnic) -> Reply {
         gids: rnic.ips().to_vec(),
         active_mtu: rnic.active_mtu().bytes() as u32,
         name: format!("rocemu fw {}", rnic.query_device().fw_ver),
+        // FLUSH and ATOMIC WRITE (IBA 1.5) are not implemented.
+        caps: Vec::new(),
     })
 }
 

@@ -2,6 +2,8 @@
 //! the order of the reports.
 use crate::scenario::Scenario;
 
+pub mod cm;
+pub mod ext;
 pub mod hdr;
 pub mod msg;
 pub mod psn;
@@ -12,6 +14,7 @@ pub mod reqx;
 pub mod resp;
 pub mod roce;
 pub mod sec;
+pub mod states;
 pub mod ucud;
 pub mod verbs;
 
@@ -29,6 +32,9 @@ pub fn catalogue() -> Vec<Scenario> {
         resp::SCENARIOS,
         ucud::SCENARIOS,
         verbs::SCENARIOS,
+        states::SCENARIOS,
+        cm::SCENARIOS,
+        ext::SCENARIOS,
         sec::SCENARIOS,
     ]
     .concat()

@@ -85,6 +85,12 @@ pub fn fails(id: &str, breaker: impl FnOnce(&SharedDut, SelfAgent) -> Box<dyn Ag
         !run.result.passed,
         "{id} passed against a device broken for it"
     );
+    // "Unsupported" is no failure: the broken device must make the scenario run and fail.
+    assert!(
+        !run.result.unsupported,
+        "{id} was unsupported against a device broken for it: {:?}",
+        run.result.reason
+    );
     let reason = run.result.reason.unwrap_or_default();
     eprintln!("{id} fails as it should: {reason}");
     reason
