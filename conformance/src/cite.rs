@@ -497,6 +497,8 @@ pub const SEND_INV_ERROR: Cite = guess(
 pub const UC_NO_READ_ATOMIC: Cite = guess(
     "9.8.2",
     "UC carries no RDMA READ and no atomics: their opcodes are invalid on a UC QP, dropped silently",
+);
+
 // ---- RoCEv2 headers, IPv6, ECN and CNP (issue 20) ----
 
 pub const A17_BOTH_IP: Cite = a17(
@@ -597,6 +599,7 @@ pub const READ_NAK_MIDWAY: Cite = guess(
     "9.7.5.2",
     "a NAK amid READ responses: a sequence error resumes the READ, an error NAK ends it",
 );
+
 // ---- Verbs, states, CM, IBA 1.5 (issue 20) ----
 
 pub const MODIFY_QP_MASKS: Cite = Cite {
