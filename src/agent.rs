@@ -15,7 +15,7 @@ pub struct Args {
     /// Where to serve the protocol: tcp:HOST:PORT or unix:PATH.
     #[arg(long)]
     listen: String,
-    /// The RNIC's datapath: af_packet:IFACE, dpdk:'EAL ARGS', or `null` (no datapath: the
+    /// The RNIC's datapath: af_packet:IFACE, af_xdp:IFACE, dpdk:'EAL ARGS', or `null` (no datapath: the
     /// protocol alone, for trying it out).
     #[arg(long)]
     dev: String,

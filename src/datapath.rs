@@ -67,7 +67,7 @@ impl ImpairArgs {
 /// Where one end meets the wire, for the commands that always run on a real datapath.
 #[derive(clap::Args, Debug)]
 pub struct EndArgs {
-    /// Datapath: af_packet:IFACE or dpdk:'EAL ARGS' (the EAL's first port).
+    /// Datapath: af_packet:IFACE, af_xdp:IFACE or dpdk:'EAL ARGS' (the EAL's first port).
     ///
     /// Its MTU gives the active MTU: the interface's, and for a DPDK driver on a kernel interface
     /// (net_pcap0,iface=IFACE; net_af_packet; net_tap) that interface's, capped at what the
@@ -134,7 +134,7 @@ pub struct Opened {
     _guard: Option<KernelGuard>,
 }
 
-/// Opens the datapath `dev` (`af_packet:IFACE` or `dpdk:'EAL ARGS'`) as address `ip`, a device
+/// Opens the datapath `dev` (`af_packet:IFACE`, `af_xdp:IFACE` or `dpdk:'EAL ARGS'`) as address `ip`, a device
 /// that answers `rocemu stats` as `name`, with the congestion control `cc`. The RNIC's keys replay from `seed` when given;
 /// otherwise they are seeded by the operating system.
 // Eight arguments, each one of the end's flags as given; the three callers pass them through.

@@ -53,7 +53,7 @@ const SONAMES: [(&str, &str, bool); 2] = [
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Datapath of the program's RNIC: af_packet:IFACE or dpdk:'EAL ARGS'. Without it, the
+    /// Datapath of the program's RNIC: af_packet:IFACE, af_xdp:IFACE or dpdk:'EAL ARGS'. Without it, the
     /// ROCEMU_* variables of the environment configure the library.
     #[arg(long)]
     dev: Option<String>,
@@ -181,20 +181,20 @@ impl Config {
         let Some(dev) = &a.dev else {
             if a.ip.is_some() || a.mac.is_some() {
                 return Err(cannot_start(
-                    "--ip and --mac need --dev (af_packet:IFACE or dpdk:'EAL ARGS')",
+                    "--ip and --mac need --dev (af_packet:IFACE, af_xdp:IFACE or dpdk:'EAL ARGS')",
                 ));
             }
             // (An impairment the environment's configuration would silently go without.)
             if a.cc != CcArgs::default() {
                 return Err(cannot_start(
                     "--ecn, --cc and the congestion-control parameters need --dev \
-                     (af_packet:IFACE or dpdk:'EAL ARGS')",
+                     (af_packet:IFACE, af_xdp:IFACE or dpdk:'EAL ARGS')",
                 ));
             }
             if !imp.is_none() || a.imp.seed.is_some() {
                 return Err(cannot_start(
                     "--loss, --reorder, --duplicate, --corrupt and --seed need --dev \
-                     (af_packet:IFACE or dpdk:'EAL ARGS')",
+                     (af_packet:IFACE, af_xdp:IFACE or dpdk:'EAL ARGS')",
                 ));
             }
             return Ok(None);
@@ -250,9 +250,10 @@ impl Config {
     }
 }
 
-/// `af_packet:IFACE` (an interface of this network namespace) or `dpdk:'EAL ARGS'`.
+/// `af_packet:IFACE` or `af_xdp:IFACE` (an interface of this network namespace) or
+/// `dpdk:'EAL ARGS'`.
 fn check_dev(dev: &str) -> Result<(), Refusal> {
-    if let Some(ifname) = dev.strip_prefix("af_packet:") {
+    if let Some(ifname) = rocemu_emulator::port::open::kernel_iface(dev) {
         if ifname.is_empty() || ifname.len() >= 16 || ifname.contains(['/', ' ', '\0']) {
             return Err(cannot_start(format!(
                 "--dev {dev}: {ifname:?} is not an interface name"
@@ -273,7 +274,7 @@ fn check_dev(dev: &str) -> Result<(), Refusal> {
         Ok(())
     } else {
         Err(cannot_start(format!(
-            "--dev {dev}: give af_packet:IFACE or dpdk:'EAL ARGS'"
+            "--dev {dev}: give af_packet:IFACE, af_xdp:IFACE or dpdk:'EAL ARGS'"
         )))
     }
 }
@@ -499,6 +500,14 @@ mod tests {
             None
         ))
         .contains("no interface"));
+        assert!(refused(&args(Some("eth:lo"), Some("10.0.0.1"), None)).contains("af_xdp:IFACE"));
+        assert!(
+            refused(&args(Some("af_xdp:nonexistent0"), Some("10.0.0.1"), None))
+                .contains("no interface nonexistent0")
+        );
+        assert!(
+            refused(&args(Some("af_xdp:"), Some("10.0.0.1"), None)).contains("not an interface")
+        );
         assert!(refused(&args(Some("dpdk: "), Some("10.0.0.1"), None)).contains("EAL"));
         assert!(refused(&args(Some("af_packet:lo"), None, None)).contains("needs --ip"));
         assert!(

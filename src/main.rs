@@ -45,7 +45,7 @@ enum Cmd {
     ForgeCm(forge_cm::Args),
     /// perftest's benchmarks (write, read, send, atomic) on RoCEmu.
     Perf(perf::Args),
-    /// ibv_rc_pingpong on RoCEmu: same flags and TCP exchange, on --dev (af_packet or dpdk).
+    /// ibv_rc_pingpong on RoCEmu: same flags and TCP exchange, on --dev (af_packet, af_xdp or dpdk).
     Pingpong(pingpong::Args),
     /// librdmacm's rping on RoCEmu: connects through the IB CM (rdma_cm), on --dev.
     Rping(rping::Args),

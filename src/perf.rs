@@ -68,7 +68,7 @@ pub struct Args {
     /// Local ACK timeout exponent: 4.096 µs × 2^N (perftest's -u).
     #[arg(short = 'u', long = "qp-timeout", default_value_t = 14)]
     qp_timeout: u8,
-    /// Datapath: af_packet:IFACE or dpdk:'EAL ARGS'. Without it both ends run in-process.
+    /// Datapath: af_packet:IFACE, af_xdp:IFACE or dpdk:'EAL ARGS'. Without it both ends run in-process.
     #[arg(long)]
     dev: Option<String>,
     /// This end's address (with --dev).
@@ -108,7 +108,7 @@ pub struct Args {
 pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
     if a.dev.is_none() && (a.server.is_some() || a.ip.is_some() || a.mac.is_some() || a.rdma_cm) {
         return Err(
-            "SERVER, --ip, --mac and --rdma-cm go with --dev (af_packet:IFACE or dpdk:'EAL ARGS'); \
+            "SERVER, --ip, --mac and --rdma-cm go with --dev (af_packet:IFACE, af_xdp:IFACE or dpdk:'EAL ARGS'); \
                     without --dev both ends run in-process"
                 .into(),
         );

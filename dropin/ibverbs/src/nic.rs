@@ -2,7 +2,7 @@
 //! `ibv_get_device_list` lists, and the one RNIC per process, started at the first
 //! `ibv_open_device` and shared by every context opened on it.
 //!
-//! Configuration: `ROCEMU_DEV` (`af_packet:IFACE`, or `dpdk:'EAL ARGS'` with the feature `dpdk`),
+//! Configuration: `ROCEMU_DEV` (`af_packet:IFACE`, `af_xdp:IFACE`, or `dpdk:'EAL ARGS'` with the feature `dpdk`),
 //! `ROCEMU_IP` (the address: GID index 1), `ROCEMU_MAC` (default: the interface's),
 //! `ROCEMU_NAME` (default `rocemu0`), and `ROCEMU_IDLE` for what the engine thread does when
 //! idle: by default it sleeps until a frame, a verb's doorbell or a timer wakes it
@@ -102,7 +102,7 @@ fn read_config() -> Result<Config, String> {
             "rocemu: ROCEMU_NAME={name}: a device name is 1 to 63 characters without '/'; no device"
         ));
     }
-    let known_mac = if let Some(ifname) = dev.strip_prefix("af_packet:") {
+    let known_mac = if let Some(ifname) = rocemu_emulator::port::open::kernel_iface(&dev) {
         let sys = format!("/sys/class/net/{ifname}/address");
         let a = std::fs::read_to_string(&sys).map_err(|_| {
             format!("rocemu: ROCEMU_DEV={dev}: no network interface {ifname:?}; no device")
@@ -118,7 +118,7 @@ fn read_config() -> Result<Config, String> {
         }
     } else {
         return Err(format!(
-            "rocemu: ROCEMU_DEV={dev}: give af_packet:IFACE or dpdk:'EAL ARGS'; no device"
+            "rocemu: ROCEMU_DEV={dev}: give af_packet:IFACE, af_xdp:IFACE or dpdk:'EAL ARGS'; no device"
         ));
     };
     let cc = cc_from_env(&dev, |k| std::env::var(k).ok())?;

@@ -452,7 +452,7 @@ pub extern "C" fn ibv_query_gid(
 
 fn ifindex() -> u32 {
     let Some(c) = nic::config() else { return 0 };
-    let Some(ifname) = c.dev.strip_prefix("af_packet:") else {
+    let Some(ifname) = rocemu_emulator::port::open::kernel_iface(&c.dev) else {
         return 0;
     };
     let Ok(s) = std::ffi::CString::new(ifname) else {

@@ -31,7 +31,7 @@ use std::net::IpAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 mod ring;
-mod tcx;
+pub(super) mod tcx;
 
 // From <linux/if_packet.h>; not all are in the libc crate.
 const PACKET_QDISC_BYPASS: libc::c_int = 20;
@@ -134,6 +134,27 @@ pub fn roce_filter(addrs: &[IpAddr]) -> Result<Vec<libc::sock_filter>, String> {
     p.op(BPF_RET_K, 0x0004_0000); // keep the whole frame
     p.label("reject");
     p.op(BPF_RET_K, 0); // drop it
+    p.finish()
+}
+
+/// The classic BPF program that keeps only ARP and IPv6 neighbour solicitations and
+/// advertisements (untagged, no extension headers): the copies that the AF_XDP port reads
+/// beside its XDP socket, which takes the RoCEv2 datagrams (`port::af_xdp`).
+fn neighbour_filter() -> Result<Vec<libc::sock_filter>, String> {
+    let (accept, reject) = (To::L("accept".into()), To::L("reject".into()));
+    let mut p = Bpf::default();
+    p.op(BPF_LD_H_ABS, 12); // A = EtherType
+    p.jump(BPF_JEQ_K, 0x0806, accept.clone(), To::Next); // ARP
+    p.jump(BPF_JEQ_K, 0x86dd, To::Next, reject.clone()); // IPv6, or nothing we read
+    p.op(BPF_LD_B_ABS, 14 + 6); // A = IPv6 next header
+    p.jump(BPF_JEQ_K, 58, To::Next, reject.clone()); // ICMPv6
+    p.op(BPF_LD_B_ABS, 14 + 40); // A = ICMPv6 type
+    p.jump(BPF_JEQ_K, 135, accept.clone(), To::Next); // neighbour solicitation
+    p.jump(BPF_JEQ_K, 136, accept, reject); // neighbour advertisement, or not ND
+    p.label("accept");
+    p.op(BPF_RET_K, 0x0004_0000);
+    p.label("reject");
+    p.op(BPF_RET_K, 0);
     p.finish()
 }
 
@@ -340,6 +361,27 @@ fn drain(fd: &OwnedFd) {
 impl AfPacketPort {
     /// Opens a packet socket on `ifname` (which must exist and be up).
     pub fn open(ifname: &str, opts: &AfPacketOptions) -> Result<AfPacketPort, PortError> {
+        Self::open_with(ifname, opts, false)
+    }
+
+    /// A packet socket that reads only ARP and IPv6 neighbour discovery (`neighbour_filter`),
+    /// with no ingress program: the AF_XDP port's copy of what the kernel's stack also needs.
+    pub(super) fn open_neighbour_copies(
+        ifname: &str,
+        promiscuous: bool,
+    ) -> Result<AfPacketPort, PortError> {
+        let opts = AfPacketOptions {
+            promiscuous,
+            addrs: Vec::new(),
+        };
+        Self::open_with(ifname, &opts, true)
+    }
+
+    fn open_with(
+        ifname: &str,
+        opts: &AfPacketOptions,
+        neighbours_only: bool,
+    ) -> Result<AfPacketPort, PortError> {
         let cname = CString::new(ifname)
             .map_err(|_| PortError(format!("af_packet:{ifname}: not a valid interface name")))?;
         // SAFETY: `cname` is a NUL-terminated string that outlives the call.
@@ -378,8 +420,12 @@ impl AfPacketPort {
             }
         }
 
-        let prog =
-            roce_filter(&opts.addrs).map_err(|e| PortError(format!("af_packet:{ifname}: {e}")))?;
+        let prog = if neighbours_only {
+            neighbour_filter()
+        } else {
+            roce_filter(&opts.addrs)
+        }
+        .map_err(|e| PortError(format!("af_packet:{ifname}: {e}")))?;
         if attach_filter(&fd, &prog).is_err() {
             return Err(os_err("SO_ATTACH_FILTER (the RoCE packet filter)", ifname));
         }
@@ -467,7 +513,9 @@ impl AfPacketPort {
         };
         // ROCEMU_AF_PACKET_TCX=0 leaves the kernel's IP stack to see every datagram (to
         // compare).
-        let ingress = if std::env::var("ROCEMU_AF_PACKET_TCX").is_ok_and(|v| v == "0") {
+        let ingress = if neighbours_only
+            || std::env::var("ROCEMU_AF_PACKET_TCX").is_ok_and(|v| v == "0")
+        {
             None
         } else {
             match tcx::attach(ifindex, &opts.addrs) {
@@ -817,6 +865,7 @@ mod tests {
             let p = roce_filter(&addrs).unwrap();
             attach_filter(&udp_socket(), &p).unwrap_or_else(|e| panic!("{addrs:?}: {e}"));
         }
+        attach_filter(&udp_socket(), &neighbour_filter().unwrap()).unwrap();
         let mut p = roce_filter(&[v4]).unwrap();
         p[1].jt = 250; // past the end of the program
         let e = attach_filter(&udp_socket(), &p).unwrap_err();

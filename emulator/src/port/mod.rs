@@ -1,9 +1,11 @@
 //! Ports move whole Ethernet frames in bursts.
 //!
 //! * `af_packet`: any Linux interface, through a packet socket.
+//! * `af_xdp`: any Linux interface, through an AF_XDP socket beside the kernel (an XDP program
+//!   redirects RoCEv2 to RoCEmu's addresses and passes the rest to the kernel).
 //! * [`pipe`]: two ports joined in memory (tests of the engine).
 //! * [`impair`]: seeded impairments on any port, for `--loss` and friends over real datapaths.
-//! * [`open`]: a port from its spec string (`af_packet:IFACE`, `dpdk:'EAL ARGS'`).
+//! * [`open`]: a port from its spec string (`af_packet:IFACE`, `af_xdp:IFACE`, `dpdk:'EAL ARGS'`).
 //! * DPDK (any PMD) lives in the `rocemu-dpdk` crate (`dpdk-glue/`), behind the cargo feature `dpdk`.
 //!
 //! A port lends its own buffers: received frames are handed out in place (in the mbuf, in the
@@ -11,6 +13,7 @@
 //! the datapath copies nothing. The callbacks are `dyn` so that the CLI can choose a port at run
 //! time; one indirect call per frame is noise next to a CRC pass over it.
 pub mod af_packet;
+pub mod af_xdp;
 pub mod impair;
 pub mod open;
 pub mod pipe;

@@ -1,10 +1,12 @@
-//! Opening a datapath from its spec string (`af_packet:IFACE` or `dpdk:'EAL ARGS'`): shared by
+//! Opening a datapath from its spec string (`af_packet:IFACE`, `af_xdp:IFACE` or
+//! `dpdk:'EAL ARGS'`): shared by
 //! the CLI's `--dev` and the drop-in libibverbs' `ROCEMU_DEV`, so that both accept the same
 //! strings and say the same things about bad ones.
 //!
 //! DPDK lives above the emulator (`rocemu-dpdk` depends on it), so the caller hands in how to
 //! open a DPDK port.
 use super::af_packet::{AfPacketOptions, AfPacketPort, KernelGuard};
+use super::af_xdp::AfXdpPort;
 use super::Port;
 use std::net::IpAddr;
 
@@ -46,6 +48,18 @@ pub fn open_datapath(
             port: Box::new(p),
             guard: Some(KernelGuard::new()),
         })
+    } else if let Some(ifname) = dev.strip_prefix("af_xdp:") {
+        let opts = AfPacketOptions {
+            promiscuous,
+            addrs: addrs.to_vec(),
+        };
+        let p = AfXdpPort::open(ifname, &opts).map_err(|e| e.to_string())?;
+        // The guard for the frames the program passes to the kernel (a queue other than the
+        // socket's, IPv4 with options): the kernel must not answer them.
+        Ok(OpenedPort {
+            port: Box::new(p),
+            guard: Some(KernelGuard::new()),
+        })
     } else if let Some(args) = dev.strip_prefix("dpdk:") {
         // A PMD on a kernel interface (net_af_packet, net_af_xdp, net_tap) leaves the kernel
         // seeing the same datagrams; on a real NIC the guard costs two idle sockets.
@@ -55,16 +69,22 @@ pub fn open_datapath(
         })
     } else {
         Err(format!(
-            "{what} {dev}: give af_packet:IFACE or dpdk:'EAL ARGS'"
+            "{what} {dev}: give af_packet:IFACE, af_xdp:IFACE or dpdk:'EAL ARGS'"
         ))
     }
 }
 
-/// The line rate of the datapath `spec`, Mb/s, when the kernel knows it: an AF_PACKET
+/// The kernel interface of a datapath spec: IFACE of `af_packet:IFACE` or `af_xdp:IFACE`.
+pub fn kernel_iface(spec: &str) -> Option<&str> {
+    spec.strip_prefix("af_packet:")
+        .or_else(|| spec.strip_prefix("af_xdp:"))
+}
+
+/// The line rate of the datapath `spec`, Mb/s, when the kernel knows it: an AF_PACKET or AF_XDP
 /// interface's `/sys/class/net/IFACE/speed` (a veth says 10000). `None` otherwise (a DPDK
 /// port, an interface that reports no speed): congestion control then assumes its default.
 pub fn line_rate_mbps(spec: &str) -> Option<u32> {
-    let iface = spec.strip_prefix("af_packet:")?;
+    let iface = kernel_iface(spec)?;
     let s = std::fs::read_to_string(format!("/sys/class/net/{iface}/speed")).ok()?;
     s.trim()
         .parse::<i64>()

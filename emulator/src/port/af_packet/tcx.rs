@@ -34,38 +34,38 @@ const SKB_DATA: i16 = 76;
 const SKB_DATA_END: i16 = 80;
 
 // eBPF opcodes (class | size/op | source).
-const LDX_W: u8 = 0x61; // dst = *(u32 *)(src + off)
+pub(crate) const LDX_W: u8 = 0x61; // dst = *(u32 *)(src + off)
 const LDX_H: u8 = 0x69; // dst = *(u16 *)(src + off)
 const LDX_B: u8 = 0x71; // dst = *(u8 *)(src + off)
-const MOV64_X: u8 = 0xbf; // dst = src
-const MOV64_K: u8 = 0xb7; // dst = imm
+pub(crate) const MOV64_X: u8 = 0xbf; // dst = src
+pub(crate) const MOV64_K: u8 = 0xb7; // dst = imm
 const ADD64_K: u8 = 0x07; // dst += imm
 const AND32_K: u8 = 0x54; // dst &= imm (32 bits)
 const JGT_X: u8 = 0x2d; // if dst > src (64 bits, unsigned) goto
 const JEQ32_K: u8 = 0x16; // if dst == imm (32 bits) goto
 const JNE32_K: u8 = 0x56; // if dst != imm (32 bits) goto
-const JA: u8 = 0x05; // goto
-const EXIT: u8 = 0x95;
+pub(crate) const JA: u8 = 0x05; // goto
+pub(crate) const EXIT: u8 = 0x95;
 
 /// `struct bpf_insn`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
-struct Insn {
-    code: u8,
-    regs: u8, // dst in the low nibble, src in the high
-    off: i16,
-    imm: i32,
+pub(crate) struct Insn {
+    pub(crate) code: u8,
+    pub(crate) regs: u8, // dst in the low nibble, src in the high
+    pub(crate) off: i16,
+    pub(crate) imm: i32,
 }
 
 /// A program with forward jumps to named labels.
 #[derive(Debug, Default)]
-struct Asm {
+pub(crate) struct Asm {
     ins: Vec<(Insn, Option<String>)>,
     labels: Vec<(String, usize)>,
 }
 
 impl Asm {
-    fn op(&mut self, code: u8, dst: u8, src: u8, off: i16, imm: i32) {
+    pub(crate) fn op(&mut self, code: u8, dst: u8, src: u8, off: i16, imm: i32) {
         let i = Insn {
             code,
             regs: dst | (src << 4),
@@ -74,7 +74,7 @@ impl Asm {
         };
         self.ins.push((i, None));
     }
-    fn jump(&mut self, code: u8, dst: u8, src: u8, imm: i32, to: impl Into<String>) {
+    pub(crate) fn jump(&mut self, code: u8, dst: u8, src: u8, imm: i32, to: impl Into<String>) {
         let i = Insn {
             code,
             regs: dst | (src << 4),
@@ -83,11 +83,11 @@ impl Asm {
         };
         self.ins.push((i, Some(to.into())));
     }
-    fn label(&mut self, name: impl Into<String>) {
+    pub(crate) fn label(&mut self, name: impl Into<String>) {
         self.labels.push((name.into(), self.ins.len()));
     }
     /// The program, or `None` when a jump's label is missing or too far for a 16-bit offset.
-    fn finish(self) -> Option<Vec<Insn>> {
+    pub(crate) fn finish(self) -> Option<Vec<Insn>> {
         let at = |name: &str| self.labels.iter().find(|l| l.0 == name).map(|l| l.1);
         self.ins
             .iter()
@@ -116,57 +116,9 @@ fn be32(b: [u8; 4]) -> i32 {
 /// (UDP right after the fixed header) UDP datagram to port 4791 for one of `addrs`; TCX_NEXT
 /// for anything else. `None` when the addresses are too many for the program's jumps.
 fn program(addrs: &[IpAddr]) -> Option<Vec<Insn>> {
-    let (r0, r1, r2, r3, r4, r5) = (0, 1, 2, 3, 4, 5);
+    let r0 = 0;
     let mut p = Asm::default();
-    p.op(LDX_W, r2, r1, SKB_DATA, 0);
-    p.op(LDX_W, r3, r1, SKB_DATA_END, 0);
-    // The IPv4 case needs 38 bytes (Ethernet 14, IPv4 20, UDP ports 4).
-    p.op(MOV64_X, r4, r2, 0, 0);
-    p.op(ADD64_K, r4, 0, 0, 38);
-    p.jump(JGT_X, r4, r3, 0, "next");
-    p.op(LDX_H, r5, r2, 12, 0); // EtherType
-    p.jump(JEQ32_K, r5, 0, be16(0x86dd), "v6");
-    p.jump(JNE32_K, r5, 0, be16(0x0800), "next");
-    p.op(LDX_B, r5, r2, 14, 0); // version and IHL
-    p.jump(JNE32_K, r5, 0, 0x45, "next");
-    p.op(LDX_B, r5, r2, 23, 0); // protocol
-    p.jump(JNE32_K, r5, 0, 17, "next");
-    p.op(LDX_H, r5, r2, 20, 0); // flags and fragment offset: MF or an offset is a fragment
-    p.op(AND32_K, r5, 0, 0, be16(0x3fff));
-    p.jump(JNE32_K, r5, 0, 0, "next");
-    p.op(LDX_H, r5, r2, 36, 0); // UDP destination port
-    p.jump(JNE32_K, r5, 0, be16(4791), "next");
-    p.op(LDX_W, r5, r2, 30, 0); // destination address
-    for a in addrs {
-        if let IpAddr::V4(a) = a {
-            p.jump(JEQ32_K, r5, 0, be32(a.octets()), "drop");
-        }
-    }
-    p.jump(JA, 0, 0, 0, "next");
-
-    p.label("v6");
-    // 58 bytes: Ethernet 14, IPv6 40, UDP ports 4.
-    p.op(MOV64_X, r4, r2, 0, 0);
-    p.op(ADD64_K, r4, 0, 0, 58);
-    p.jump(JGT_X, r4, r3, 0, "next");
-    p.op(LDX_B, r5, r2, 20, 0); // next header
-    p.jump(JNE32_K, r5, 0, 17, "next");
-    p.op(LDX_H, r5, r2, 56, 0); // UDP destination port
-    p.jump(JNE32_K, r5, 0, be16(4791), "next");
-    // Each address: four words compared in turn; a mismatch goes on to the next address.
-    let v6 = addrs.iter().filter_map(|a| match a {
-        IpAddr::V6(a) => Some(a.octets()),
-        IpAddr::V4(_) => None,
-    });
-    for (k, o) in v6.enumerate() {
-        for w in 0..4 {
-            p.op(LDX_W, r5, r2, 38 + 4 * w as i16, 0);
-            let word = [o[4 * w], o[4 * w + 1], o[4 * w + 2], o[4 * w + 3]];
-            p.jump(JNE32_K, r5, 0, be32(word), format!("miss{k}"));
-        }
-        p.jump(JA, 0, 0, 0, "drop");
-        p.label(format!("miss{k}"));
-    }
+    match_roce(&mut p, addrs, (SKB_DATA, SKB_DATA_END), "drop", "next");
     p.label("next");
     p.op(MOV64_K, r0, 0, 0, TCX_NEXT);
     p.op(EXIT, 0, 0, 0, 0);
@@ -176,7 +128,67 @@ fn program(addrs: &[IpAddr]) -> Option<Vec<Insn>> {
     p.finish()
 }
 
-fn bpf(cmd: libc::c_int, attr: &mut [u64; 16]) -> io::Result<OwnedFd> {
+/// The matcher shared with the XDP program (`port::af_xdp`): with the context in r1, whose
+/// `data` and `data_end` are 32-bit fields at offsets `ctx.0` and `ctx.1`, jumps to `hit` for
+/// an untagged IPv4 (header of 20 bytes, not a fragment) or IPv6 (UDP right after the fixed
+/// header) UDP datagram to port 4791 for one of `addrs`, and to `miss` for anything else.
+/// Leaves r1 as it was; uses r2 to r5. The caller places both labels.
+pub(crate) fn match_roce(p: &mut Asm, addrs: &[IpAddr], ctx: (i16, i16), hit: &str, miss: &str) {
+    let (r1, r2, r3, r4, r5) = (1, 2, 3, 4, 5);
+    let (next, drop) = (miss, hit);
+    p.op(LDX_W, r2, r1, ctx.0, 0);
+    p.op(LDX_W, r3, r1, ctx.1, 0);
+    // The IPv4 case needs 38 bytes (Ethernet 14, IPv4 20, UDP ports 4).
+    p.op(MOV64_X, r4, r2, 0, 0);
+    p.op(ADD64_K, r4, 0, 0, 38);
+    p.jump(JGT_X, r4, r3, 0, next);
+    p.op(LDX_H, r5, r2, 12, 0); // EtherType
+    p.jump(JEQ32_K, r5, 0, be16(0x86dd), format!("{miss}_v6"));
+    p.jump(JNE32_K, r5, 0, be16(0x0800), next);
+    p.op(LDX_B, r5, r2, 14, 0); // version and IHL
+    p.jump(JNE32_K, r5, 0, 0x45, next);
+    p.op(LDX_B, r5, r2, 23, 0); // protocol
+    p.jump(JNE32_K, r5, 0, 17, next);
+    p.op(LDX_H, r5, r2, 20, 0); // flags and fragment offset: MF or an offset is a fragment
+    p.op(AND32_K, r5, 0, 0, be16(0x3fff));
+    p.jump(JNE32_K, r5, 0, 0, next);
+    p.op(LDX_H, r5, r2, 36, 0); // UDP destination port
+    p.jump(JNE32_K, r5, 0, be16(4791), next);
+    p.op(LDX_W, r5, r2, 30, 0); // destination address
+    for a in addrs {
+        if let IpAddr::V4(a) = a {
+            p.jump(JEQ32_K, r5, 0, be32(a.octets()), drop);
+        }
+    }
+    p.jump(JA, 0, 0, 0, next);
+
+    p.label(format!("{miss}_v6"));
+    // 58 bytes: Ethernet 14, IPv6 40, UDP ports 4.
+    p.op(MOV64_X, r4, r2, 0, 0);
+    p.op(ADD64_K, r4, 0, 0, 58);
+    p.jump(JGT_X, r4, r3, 0, next);
+    p.op(LDX_B, r5, r2, 20, 0); // next header
+    p.jump(JNE32_K, r5, 0, 17, next);
+    p.op(LDX_H, r5, r2, 56, 0); // UDP destination port
+    p.jump(JNE32_K, r5, 0, be16(4791), next);
+    // Each address: four words compared in turn; a mismatch goes on to the next address.
+    let v6 = addrs.iter().filter_map(|a| match a {
+        IpAddr::V6(a) => Some(a.octets()),
+        IpAddr::V4(_) => None,
+    });
+    for (k, o) in v6.enumerate() {
+        for w in 0..4 {
+            p.op(LDX_W, r5, r2, 38 + 4 * w as i16, 0);
+            let word = [o[4 * w], o[4 * w + 1], o[4 * w + 2], o[4 * w + 3]];
+            p.jump(JNE32_K, r5, 0, be32(word), format!("{miss}_miss{k}"));
+        }
+        p.jump(JA, 0, 0, 0, drop);
+        p.label(format!("{miss}_miss{k}"));
+    }
+    p.jump(JA, 0, 0, 0, next);
+}
+
+pub(crate) fn bpf(cmd: libc::c_int, attr: &mut [u64; 16]) -> io::Result<OwnedFd> {
     // SAFETY: `attr` is a zeroed `union bpf_attr` of 128 bytes with the command's fields set;
     // the kernel reads at most the size passed.
     let r = unsafe {
