@@ -11,7 +11,7 @@
 # Output: WORKDIR/guest-KEY/{vmlinuz,initrd.img,kernel-version}, KEY = hash of this script and
 #         `init`: a guest is built once per recipe. The last line on stdout is `GUEST=WORKDIR/guest-KEY`.
 # Host tools: apt-get, dpkg-deb, cpio, gzip, kmod (depmod, modprobe), flock, sha256sum; to run
-# it, qemu-system-x86 and iproute2.
+# it, qemu-system-x86 and iproute2 (missing ones are installed with apt-get when root).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 W=${1:-${ROUTERVM_DIR:-${TMPDIR:-/tmp}/rocemu-routervm}}
@@ -22,11 +22,23 @@ if [ -f "$OUT/ok" ]; then echo "GUEST=$OUT"; exit 0; fi
 exec 9>"$W/build.lock"
 flock -w 1800 9 || { echo "build-router: could not lock $W/build.lock" >&2; exit 1; }
 if [ -f "$OUT/ok" ]; then echo "GUEST=$OUT"; exit 0; fi
-for t in dpkg-deb cpio gzip depmod modprobe; do
-  command -v $t >/dev/null || { echo "build-router: needs $t (dpkg, cpio, gzip, kmod)" >&2; exit 1; }
-done
 export DEBIAN_FRONTEND=noninteractive
 apt-cache show linux-image-amd64 >/dev/null 2>&1 || apt-get update -qq
+# Missing host tools are installed with apt-get when running as root (as build-guest.sh does),
+# unless RXEVM_NO_HOST_APT=1.
+need=()
+for t in dpkg-deb:dpkg cpio:cpio gzip:gzip depmod:kmod modprobe:kmod chroot:coreutils \
+         qemu-system-x86_64:qemu-system-x86 ip:iproute2; do
+  command -v "${t%%:*}" >/dev/null || need+=("${t#*:}")
+done
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && [ "${RXEVM_NO_HOST_APT:-0}" != 1 ]; then
+    echo "build-router: installing host tools: ${need[*]}" >&2
+    apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  else
+    echo "build-router: missing host tools (packages: ${need[*]})" >&2; exit 1
+  fi
+fi
 KPKG=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-/{print $2; exit}')
 [ -n "$KPKG" ] || { echo "build-router: apt knows no linux-image-amd64 (Debian 12 sources?)" >&2; exit 1; }
 KV=${KPKG#linux-image-}
