@@ -178,7 +178,19 @@ pub fn open(
     };
     let mut engine = Engine::new(port);
     // Like perftest and DPDK applications: spin, for the lowest latency (one core per end).
-    engine.set_idle_strategy(IdleStrategy::BusyPoll);
+    // ROCEMU_IDLE=wake blocks in ppoll(2) when idle and =backoff sleeps 50 µs at a time (as the
+    // drop-in's engine; names as there), for machines with fewer cores than spinning ends
+    // (scripts/cc-testbed's router VM shares two cores with four ends).
+    engine.set_idle_strategy(match std::env::var("ROCEMU_IDLE").as_deref() {
+        Ok("wake") => IdleStrategy::Wake,
+        Ok("backoff") => IdleStrategy::Backoff,
+        Ok("busy") | Err(_) => IdleStrategy::BusyPoll,
+        Ok(other) => {
+            return Err(format!(
+                "ROCEMU_IDLE={other}: expected busy, backoff or wake"
+            ))
+        }
+    });
     if let Some(p) = pcap {
         engine.record(p)?;
     }
