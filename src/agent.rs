@@ -6,7 +6,6 @@ use rocemu_emulator::engine::IdleStrategy;
 use rocemu_emulator::rng::Seed;
 use rocemu_emulator::rnic::{Rnic, RnicConfig};
 use rocemu_wire::eth::Mac;
-use std::net::IpAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -19,7 +18,9 @@ pub struct Args {
     /// protocol alone, for trying it out).
     #[arg(long)]
     dev: String,
-    /// The RNIC's address (its GID); default 10.77.0.1 with --dev null.
+    /// The RNIC's address (its GID), or several separated by commas (GID index i is the i-th:
+    /// `10.77.0.1,fe80::52:4fff:fe43:4510` gives an IPv4 and an IPv6 GID); default 10.77.0.1 with
+    /// --dev null.
     #[arg(long)]
     ip: Option<String>,
     /// The RNIC's MAC (default: the port's).
@@ -53,9 +54,11 @@ pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
 
 fn serve_on(a: &Args, listener: &Listener) -> Result<ExitCode, Box<dyn std::error::Error>> {
     if a.dev == "null" {
-        let ip: IpAddr = a.ip.as_deref().unwrap_or("10.77.0.1").parse()?;
+        let ips = datapath::parse_ips(a.ip.as_deref().unwrap_or("10.77.0.1"))?;
+        let ip = ips[0];
         let mac: Mac = a.mac.as_deref().unwrap_or("02:52:4f:43:45:10").parse()?;
         let mut cfg = RnicConfig::new(mac, ip, 0);
+        cfg.ips = ips;
         cfg.seed = Seed::replay_or_os(a.seed)?;
         cfg.cc = a.cc.config(None)?;
         let mut b = NullBackend::new(Rnic::new(cfg));

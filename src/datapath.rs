@@ -74,7 +74,8 @@ pub struct EndArgs {
     /// driver takes. With DPDK 22.11 only net_pcap carries jumbo frames (path MTU 4096).
     #[arg(long)]
     pub dev: String,
-    /// This end's address (its GID).
+    /// This end's address (its GID), or several separated by commas: GID index i is the i-th
+    /// (`10.77.0.1,fe80::1`, an IPv4 and an IPv6 GID, as a real RoCE port has).
     #[arg(long)]
     pub ip: String,
     /// This end's MAC (default: the port's).
@@ -151,14 +152,12 @@ pub fn open(
 ) -> Result<Opened, String> {
     let cc = cc.config(rocemu_emulator::port::open::line_rate_mbps(dev))?;
     rocemu_emulator::stats::check_name(name).map_err(|e| format!("--name: {e}"))?;
-    let ip: IpAddr = ip
-        .parse()
-        .map_err(|_| format!("--ip {ip}: not an IPv4 or IPv6 address"))?;
+    let ips = parse_ips(ip)?;
     let mac: Option<Mac> = match mac {
         Some(m) => Some(m.parse().map_err(|e| format!("--mac {m}: {e}"))?),
         None => None,
     };
-    let opened = open_datapath("--dev", dev, &[ip], mac.is_some(), &open_dpdk)?;
+    let opened = open_datapath("--dev", dev, &ips, mac.is_some(), &open_dpdk)?;
     let (port, guard) = (opened.port, opened.guard);
     let mac = mac.unwrap_or(port.mac());
     if mac == Mac([0; 6]) || mac.is_multicast() {
@@ -167,7 +166,8 @@ pub fn open(
             port.name()
         ));
     }
-    let mut cfg = RnicConfig::new(mac, ip, 0);
+    let mut cfg = RnicConfig::new(mac, ips[0], 0);
+    cfg.ips = ips.clone();
     cfg.seed = Seed::replay_or_os(seed)?;
     cfg.eth_mtu = port.mtu();
     cfg.cc = cc;
@@ -197,7 +197,11 @@ pub fn open(
     let id = rocemu_emulator::stats::Identity {
         name: name.to_string(),
         datapath: engine.port().name(),
-        address: ip.to_string(),
+        address: ips
+            .iter()
+            .map(IpAddr::to_string)
+            .collect::<Vec<_>>()
+            .join(","),
         mac: mac.to_string(),
     };
     // Without its socket the end still runs: `rocemu stats` will not see it.
@@ -209,6 +213,27 @@ pub fn open(
         ep: Endpoint { rnic, engine },
         _guard: guard,
     })
+}
+
+/// `--ip`: one address, or several separated by commas (GID index i is the i-th), as a real
+/// port has both an IPv4 and an IPv6 GID: `--ip 10.77.0.1,fe80::52:4fff:fe43:4510`.
+pub fn parse_ips(arg: &str) -> Result<Vec<IpAddr>, String> {
+    let ips = arg
+        .split(',')
+        .map(|a| {
+            a.trim()
+                .parse::<IpAddr>()
+                .map_err(|_| format!("--ip {arg}: {a:?} is not an IPv4 or IPv6 address"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    for (i, a) in ips.iter().enumerate() {
+        if a.is_unspecified() || a.is_multicast() || ips[..i].contains(a) {
+            return Err(format!(
+                "--ip {arg}: {a} cannot be a GID (unspecified, multicast or given twice)"
+            ));
+        }
+    }
+    Ok(ips)
 }
 
 #[cfg(feature = "dpdk")]
@@ -348,5 +373,34 @@ impl CcArgs {
                 (!params.is_empty()).then(|| params.join(",")),
             ),
         ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_ips;
+    use std::net::IpAddr;
+
+    #[test]
+    fn ip_takes_one_address_or_a_list_in_gid_order() {
+        let one: IpAddr = "10.77.0.1".parse().unwrap();
+        assert_eq!(parse_ips("10.77.0.1").unwrap(), [one]);
+        let v6: IpAddr = "fe80::a012:d2ff:fe72:1ded".parse().unwrap();
+        assert_eq!(
+            parse_ips("10.77.0.1, fe80::a012:d2ff:fe72:1ded").unwrap(),
+            [one, v6]
+        );
+        for bad in [
+            "",
+            "10.77.0.1,",
+            "10.77.0.300",
+            "10.77.0.1,10.77.0.1",
+            "0.0.0.0",
+            "ff02::1",
+            "fe80::1;10.0.0.1",
+        ] {
+            let e = parse_ips(bad).unwrap_err();
+            assert!(e.starts_with("--ip "), "{bad:?}: {e}");
+        }
     }
 }
