@@ -126,7 +126,7 @@ enum Ev {
     Sample,
 }
 
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Entry {
     t: u64,
     seq: u64,
