@@ -3,73 +3,73 @@
 //! frame time or a link delay ahead, so a push and a pop cost a few instructions instead of a
 //! heap's logarithm of cache misses.
 //!
-//! A bucket holds the events of one nanosecond as a list, newest first, of nodes in one arena
-//! (a node freed by a pop is the next push's, so pushes write to memory still in the cache,
-//! whatever bucket they go to); a pop reverses the current bucket's list once and takes its
-//! entries oldest first. Pushes number their entries in increasing order, and a far entry
+//! Events are ordered by time, then by the order of their pushes. A bucket holds the events of
+//! one nanosecond as a list, newest first, of nodes in one arena (a node freed by a pop is the
+//! next push's, so pushes write to memory still in the cache, whatever bucket they go to); a pop
+//! reverses the current bucket's list once and takes its entries oldest first. A far entry
 //! reaches its bucket before any entry of the same instant can be pushed there directly, so
-//! oldest first is the order of the sequence numbers: no search.
+//! oldest first is push order: no search. A node is the event alone (its time is its bucket's),
+//! 16 bytes for the fabric's events.
 //!
-//! Invariants: `pop` returns the entry of least (time, sequence), exactly as a binary heap of
-//! the same entries would, provided entries are pushed in increasing sequence order; every entry
-//! in bucket `b & MASK` has time `b`, with `cur ≤ b < cur + BUCKETS`, its list newest first;
-//! `ready` holds entries of time `cur` oldest first, all older than those in `cur`'s bucket; the
-//! far heap holds only entries at or beyond `cur + BUCKETS` when pushed, and is drained into the
-//! calendar before `cur` reaches them; a node is in exactly one list (a bucket, `ready`, `free`).
+//! Invariants: `pop` returns the entry of least (time, push number), exactly as a binary heap
+//! of the same entries would; every entry in bucket `b & MASK` has time `b`, with
+//! `cur ≤ b < cur + BUCKETS`, its list newest first; `ready` holds entries of time `cur` oldest
+//! first, all older than those in `cur`'s bucket; the far heap holds only entries at or beyond
+//! `cur + BUCKETS` when pushed, and is drained into the calendar before `cur` reaches them; a
+//! node is in exactly one list (a bucket, `ready`, `free`).
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 const BUCKETS: u64 = 65_536;
 const MASK: u64 = BUCKETS - 1;
+const NIL: u32 = u32::MAX;
 
-/// What the queue orders: time, then the sequence number of the push (increasing from push to
-/// push).
-pub trait Keyed {
-    fn key(&self) -> (u64, u64);
-}
-
+/// An entry beyond the calendar, ordered by (time, push number).
 #[derive(Debug)]
-struct Far<T>(T);
-impl<T: Keyed> PartialEq for Far<T> {
+struct Far<V> {
+    t: u64,
+    seq: u64,
+    v: V,
+}
+impl<V> PartialEq for Far<V> {
     fn eq(&self, o: &Self) -> bool {
-        self.0.key() == o.0.key()
+        (self.t, self.seq) == (o.t, o.seq)
     }
 }
-impl<T: Keyed> Eq for Far<T> {}
-impl<T: Keyed> PartialOrd for Far<T> {
+impl<V> Eq for Far<V> {}
+impl<V> PartialOrd for Far<V> {
     fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
         Some(self.cmp(o))
     }
 }
-impl<T: Keyed> Ord for Far<T> {
+impl<V> Ord for Far<V> {
     fn cmp(&self, o: &Self) -> std::cmp::Ordering {
-        self.0.key().cmp(&o.0.key())
+        (self.t, self.seq).cmp(&(o.t, o.seq))
     }
 }
 
-const NIL: u32 = u32::MAX;
-
 #[derive(Debug)]
-struct Node<T> {
-    e: T,
+struct Node<V> {
+    v: V,
     next: u32,
 }
 
-/// A calendar queue of `T`.
+/// A calendar queue of events `V`.
 #[derive(Debug)]
-pub struct Calendar<T> {
+pub struct Calendar<V> {
     /// Each instant's list (a node index, newest first).
     heads: Vec<u32>,
-    nodes: Vec<Node<T>>,
+    nodes: Vec<Node<V>>,
     free: u32,
     /// The current instant's entries taken from its bucket, oldest first.
     ready: u32,
     cur: u64,
     near: usize,
-    far: BinaryHeap<Reverse<Far<T>>>,
+    seq: u64,
+    far: BinaryHeap<Reverse<Far<V>>>,
 }
 
-impl<T: Keyed> Default for Calendar<T> {
+impl<V> Default for Calendar<V> {
     fn default() -> Self {
         Calendar {
             heads: vec![NIL; BUCKETS as usize],
@@ -78,12 +78,13 @@ impl<T: Keyed> Default for Calendar<T> {
             ready: NIL,
             cur: 0,
             near: 0,
+            seq: 0,
             far: BinaryHeap::new(),
         }
     }
 }
 
-impl<T: Keyed + Copy> Calendar<T> {
+impl<V: Copy> Calendar<V> {
     pub fn len(&self) -> usize {
         self.near + self.far.len()
     }
@@ -92,28 +93,32 @@ impl<T: Keyed + Copy> Calendar<T> {
         self.len() == 0
     }
 
-    /// Adds `e`; its time must not be before the last popped one's, and its sequence number
-    /// must be above every earlier push's.
-    pub fn push(&mut self, e: T) {
-        let b = e.key().0.max(self.cur);
+    /// Adds `v` at time `t`, which must not be before the last popped entry's.
+    pub fn push(&mut self, t: u64, v: V) {
+        let b = t.max(self.cur);
         if b < self.cur + BUCKETS {
-            self.link(b, e);
+            self.link(b, v);
         } else {
-            self.far.push(Reverse(Far(e)));
+            self.seq += 1;
+            self.far.push(Reverse(Far {
+                t,
+                seq: self.seq,
+                v,
+            }));
         }
     }
 
-    fn link(&mut self, b: u64, e: T) {
+    fn link(&mut self, b: u64, v: V) {
         let head = &mut self.heads[(b & MASK) as usize];
         let n = if self.free != NIL {
             let n = self.free;
             let node = &mut self.nodes[n as usize];
             self.free = node.next;
-            node.e = e;
+            node.v = v;
             node.next = *head;
             n
         } else {
-            self.nodes.push(Node { e, next: *head });
+            self.nodes.push(Node { v, next: *head });
             (self.nodes.len() - 1) as u32
         };
         *head = n;
@@ -121,18 +126,17 @@ impl<T: Keyed + Copy> Calendar<T> {
     }
 
     fn migrate(&mut self) {
-        while let Some(Reverse(Far(e))) = self.far.peek() {
-            let b = e.key().0;
-            if b >= self.cur + BUCKETS {
+        while let Some(Reverse(f)) = self.far.peek() {
+            if f.t >= self.cur + BUCKETS {
                 break;
             }
-            let Reverse(Far(e)) = self.far.pop().expect("peeked");
-            self.link(b.max(self.cur), e);
+            let Reverse(f) = self.far.pop().expect("peeked");
+            self.link(f.t.max(self.cur), f.v);
         }
     }
 
-    /// Removes the entry of least (time, sequence).
-    pub fn pop(&mut self) -> Option<T> {
+    /// Removes the entry of least (time, push number): its time and itself.
+    pub fn pop(&mut self) -> Option<(u64, V)> {
         loop {
             if self.ready != NIL {
                 let n = self.ready;
@@ -141,7 +145,7 @@ impl<T: Keyed + Copy> Calendar<T> {
                 node.next = self.free;
                 self.free = n;
                 self.near -= 1;
-                return Some(node.e);
+                return Some((self.cur, node.v));
             }
             let head = std::mem::replace(&mut self.heads[(self.cur & MASK) as usize], NIL);
             if head != NIL {
@@ -158,8 +162,8 @@ impl<T: Keyed + Copy> Calendar<T> {
                 continue;
             }
             if self.near == 0 {
-                let Reverse(Far(e)) = self.far.peek()?;
-                self.cur = self.cur.max(e.key().0);
+                let Reverse(f) = self.far.peek()?;
+                self.cur = self.cur.max(f.t);
             } else {
                 self.cur += 1;
             }
@@ -173,15 +177,6 @@ mod tests {
     use super::*;
     use rand_chacha::ChaCha8Rng;
     use rand_core::{Rng as _, SeedableRng};
-
-    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-    struct E(u64, u64);
-
-    impl Keyed for E {
-        fn key(&self) -> (u64, u64) {
-            (self.0, self.1)
-        }
-    }
 
     #[test]
     fn pops_in_the_order_of_a_binary_heap() {
@@ -198,20 +193,18 @@ mod tests {
                     1 => 0,
                     _ => rng.next_u64() % 5_000,
                 };
-                let e = E(now + d, seq);
-                c.push(e);
-                h.push(Reverse((e.0, e.1)));
+                c.push(now + d, seq);
+                h.push(Reverse((now + d, seq)));
             } else {
                 let a = c.pop().unwrap();
                 let Reverse(b) = h.pop().unwrap();
-                assert_eq!((a.0, a.1), b, "round {round}");
+                assert_eq!(a, b, "round {round}");
                 now = a.0;
             }
             assert_eq!(c.len(), h.len());
         }
         while let Some(Reverse(b)) = h.pop() {
-            let a = c.pop().unwrap();
-            assert_eq!((a.0, a.1), b);
+            assert_eq!(c.pop().unwrap(), b);
         }
         assert!(c.pop().is_none() && c.is_empty());
     }

@@ -6,7 +6,7 @@
 //! is a function of its configuration and seed; every frame is in exactly one place (a link, a
 //! queue, a host's hold) or freed; a switch's buffer never holds more than its size plus the
 //! headroom it reserved; nothing here reads a wall clock except the speed figure.
-use super::queue::{Calendar, Keyed};
+use super::queue::Calendar;
 use super::topo::{routes, NodeKind, Topology};
 use super::traffic::FlowSpec;
 use rand_chacha::ChaCha8Rng;
@@ -124,18 +124,6 @@ enum Ev {
     Watchdog { node: u32, port: u16, prio: u8 },
     Storm { node: u32 },
     Sample,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Entry {
-    t: u64,
-    seq: u64,
-    ev: Ev,
-}
-impl Keyed for Entry {
-    fn key(&self) -> (u64, u64) {
-        (self.t, self.seq)
-    }
 }
 
 #[derive(Debug, Default)]
@@ -273,8 +261,7 @@ pub struct Fabric {
     routes: Vec<Vec<Vec<u16>>>,
     host_index: Vec<usize>,
     pub flows: Vec<FlowState>,
-    events: Calendar<Entry>,
-    seq: u64,
+    events: Calendar<Ev>,
     pub now: u64,
     pkts: Vec<Pkt>,
     free: Vec<u32>,
@@ -414,7 +401,6 @@ impl Fabric {
             host_index,
             flows: Vec::new(),
             events: Calendar::default(),
-            seq: 0,
             now: 0,
             pkts: Vec::new(),
             free: Vec::new(),
@@ -429,12 +415,7 @@ impl Fabric {
     }
 
     fn push(&mut self, t: u64, ev: Ev) {
-        self.seq += 1;
-        self.events.push(Entry {
-            t,
-            seq: self.seq,
-            ev,
-        });
+        self.events.push(t, ev);
     }
 
     /// Adds a flow; it starts at its `start_ns`.
@@ -514,17 +495,17 @@ impl Fabric {
         self.end_ns = end_ns;
         self.push(0, Ev::Sample);
         let mut served = 0u64;
-        while let Some(e) = self.events.pop() {
-            if e.t > end_ns && (e.t > drain_limit_ns || self.unfinished == 0) {
-                self.now = e.t.min(drain_limit_ns.max(end_ns));
+        while let Some((t, ev)) = self.events.pop() {
+            if t > end_ns && (t > drain_limit_ns || self.unfinished == 0) {
+                self.now = t.min(drain_limit_ns.max(end_ns));
                 break;
             }
-            self.now = e.t;
+            self.now = t;
             served += 1;
             if served.is_multiple_of(1 << 16) {
                 progress(self.now, self.totals.hops);
             }
-            match e.ev {
+            match ev {
                 Ev::Arrive { node, port, pkt } => self.arrive(node as usize, port as usize, pkt),
                 Ev::TxDone { node, port } => {
                     self.ports[node as usize][port as usize].busy = false;
@@ -532,7 +513,7 @@ impl Fabric {
                 }
                 Ev::Wake { node, port } => {
                     let p = &mut self.ports[node as usize][port as usize];
-                    if p.wake_at == e.t {
+                    if p.wake_at == t {
                         p.wake_at = 0;
                     }
                     self.kick(node as usize, port as usize);
@@ -540,11 +521,11 @@ impl Fabric {
                 Ev::HostTimer { node } => {
                     let u = node as usize;
                     let h = self.hosts[u].as_mut().expect("a host");
-                    if h.timer_at != e.t {
+                    if h.timer_at != t {
                         continue;
                     }
                     h.timer_at = u64::MAX;
-                    h.rnic.handle_timeout(Nanos(e.t));
+                    h.rnic.handle_timeout(Nanos(t));
                     self.host_after(u);
                 }
                 Ev::FlowStart { flow } => self.start_flow(flow as usize),
@@ -561,11 +542,11 @@ impl Fabric {
                     let p = &mut self.ports[u][0];
                     p.ctrl
                         .push_back(PfcRepr::one(host_mac(u), DATA_PRIO, 0xffff));
-                    let t = e.t + PfcRepr::pause_ns(0xffff, p.bps) / 4;
+                    let t = t + PfcRepr::pause_ns(0xffff, p.bps) / 4;
                     self.push(t, Ev::Storm { node });
                     self.kick(u, 0);
                 }
-                Ev::Sample => self.sample(e.t),
+                Ev::Sample => self.sample(t),
             }
         }
     }
