@@ -75,6 +75,12 @@ pub struct FabricConfig {
     pub qp_timeout: u8,
     /// How often the series for the plot are sampled.
     pub series_ns: u64,
+    /// Every host computes the ICRC of what it sends and checks it on what it receives, as on
+    /// a wire (the default). Off, neither (`RnicConfig::emit_icrc` and `check_icrc` false):
+    /// the simulated links corrupt nothing and switches never touch what the ICRC covers (ECN
+    /// marking changes only masked fields), so no check can fail and no figure changes; only
+    /// the simulator's speed (docs/congestion.md, "Speed").
+    pub icrc: bool,
 }
 
 impl FabricConfig {
@@ -96,6 +102,7 @@ impl FabricConfig {
             watchdog_restore_ns: 10_000_000,
             qp_timeout: 14,
             series_ns: 100_000,
+            icrc: true,
         }
     }
 }
@@ -393,6 +400,8 @@ impl Fabric {
                         cfg.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ u as u64,
                     );
                     rc.eth_mtu = ETH_MTU;
+                    rc.check_icrc = cfg.icrc;
+                    rc.emit_icrc = cfg.icrc;
                     rc.cc = cfg.cc.clone();
                     rc.cc.line_rate_mbps =
                         (ports[u][0].bps / 1_000_000).min(u64::from(u32::MAX)) as u32;
