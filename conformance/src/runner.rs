@@ -637,7 +637,7 @@ mod tests {
         assert_eq!(side.matches("**FAIL**").count(), 1, "{side}");
         // A failing case keeps its capture; an unsupported one writes none.
         let dir = std::env::temp_dir().join(format!("rcf-unsup-{}", std::process::id()));
-        let mut peer = |id| CaseRun {
+        let peer = |id| CaseRun {
             result: case(id, Some(why)),
             peer: Some(Peer::new(
                 Box::new(NoLink),
