@@ -181,9 +181,7 @@ impl<V: Copy> Calendar<V> {
                 continue;
             }
             if self.near == 0 {
-                let Some(Reverse(f)) = self.far.peek() else {
-                    return None;
-                };
+                let Reverse(f) = self.far.peek()?;
                 self.cur = self.cur.max(f.t);
             } else {
                 self.cur += 1;

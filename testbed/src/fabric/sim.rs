@@ -201,28 +201,36 @@ fn summarize(pkt: u32, b: &[u8], host_index: &[usize]) -> Meta {
 struct Port {
     peer: u32,
     peer_port: u16,
+    busy: bool,
+    /// Bit p: `pq[p].queue` is not empty.
+    nonempty: u8,
     bps: u64,
     delay_ns: u64,
-    busy: bool,
-    paused_until: [u64; 8],
     wake_at: u64,
-    ctrl: VecDeque<PfcRepr>,
-    queues: [VecDeque<Meta>; 8],
-    /// Bit p: `queues[p]` is not empty.
-    nonempty: u8,
-    qbytes: [u64; 8],
-    // PFC, as the ingress of what arrives here.
-    ing: [u64; 8],
-    hdrm: [u64; 8],
     headroom: u64,
-    xoff: [bool; 8],
-    // The watchdog, per egress queue.
-    stalled_since: [Option<u64>; 8],
-    storm_until: [u64; 8],
     // Time this transmitter was busy in the measured half of the run, ns, and its deepest
     // queue then.
     busy_ns_2nd: u64,
     queue_max: u64,
+    ctrl: VecDeque<PfcRepr>,
+    /// Per priority, together: what a hop reads of a priority is in one or two cache lines.
+    pq: [PrioState; 8],
+}
+
+/// One priority of a port: its egress queue, what the peer's PFC frames told it, the watchdog,
+/// and (PFC) the ingress accounting of what arrived through it.
+#[derive(Debug, Default)]
+struct PrioState {
+    queue: VecDeque<Meta>,
+    qbytes: u64,
+    paused_until: u64,
+    storm_until: u64,
+    // PFC, as the ingress of what arrives here.
+    ing: u64,
+    hdrm: u64,
+    // The watchdog, of the egress queue.
+    stalled_since: Option<u64>,
+    xoff: bool,
 }
 
 #[derive(Debug)]
@@ -589,7 +597,7 @@ impl Fabric {
                 }
                 Ev::FlowStart { flow } => self.start_flow(flow as usize),
                 Ev::Refresh { node, port, prio } => {
-                    if self.ports[node as usize][port as usize].xoff[prio as usize] {
+                    if self.ports[node as usize][port as usize].pq[prio as usize].xoff {
                         self.send_xoff(node as usize, port as usize, prio);
                     }
                 }
@@ -692,8 +700,8 @@ impl Fabric {
 
     fn paused(&self, node: usize, port: usize, prio: u8) -> Option<u64> {
         let p = &self.ports[node][port];
-        let until = p.paused_until[prio as usize];
-        (until > self.now && p.storm_until[prio as usize] <= self.now).then_some(until)
+        let until = p.pq[prio as usize].paused_until;
+        (until > self.now && p.pq[prio as usize].storm_until <= self.now).then_some(until)
     }
 
     fn wake_at(&mut self, node: usize, port: usize, t: u64) {
@@ -800,15 +808,15 @@ impl Fabric {
             return;
         };
         let p = &mut self.ports[u][port];
-        p.stalled_since[prio as usize] = None;
-        let q = &mut p.queues[prio as usize];
+        p.pq[prio as usize].stalled_since = None;
+        let q = &mut p.pq[prio as usize].queue;
         let m = q.pop_front().expect("a frame");
         if q.is_empty() {
             p.nonempty &= !(1 << prio);
         }
         let len = u64::from(m.len);
-        p.qbytes[prio as usize] -= len;
-        let qlen = p.qbytes[prio as usize];
+        p.pq[prio as usize].qbytes -= len;
+        let qlen = p.pq[prio as usize].qbytes;
         self.release(u, &m);
         // RED/ECN at dequeue, on the queue the frame leaves (HPCC marks here too).
         if prio == DATA_PRIO && qlen > self.cfg.kmin_bytes {
@@ -846,17 +854,17 @@ impl Fabric {
         let sw = &mut self.switches[u];
         let ip = &mut self.ports[u][inp];
         if in_hdrm {
-            ip.hdrm[prio] -= len;
+            ip.pq[prio].hdrm -= len;
         } else {
-            ip.ing[prio] -= len;
+            ip.pq[prio].ing -= len;
             sw.shared_used -= len;
         }
-        if self.cfg.pfc && ip.xoff[prio] {
+        if self.cfg.pfc && ip.pq[prio].xoff {
             let thr = pfc_threshold(&self.cfg, sw);
-            if ip.hdrm[prio] == 0
-                && (ip.ing[prio] == 0 || ip.ing[prio] + self.cfg.resume_offset <= thr)
+            if ip.pq[prio].hdrm == 0
+                && (ip.pq[prio].ing == 0 || ip.pq[prio].ing + self.cfg.resume_offset <= thr)
             {
-                ip.xoff[prio] = false;
+                ip.pq[prio].xoff = false;
                 ip.ctrl.push_back(PfcRepr::one(Mac([0; 6]), prio as u8, 0));
                 self.totals.resume_frames += 1;
                 // The ingress port's transmitter is another port: kick it from the queue of
@@ -897,8 +905,8 @@ impl Fabric {
             return;
         }
         let p = &mut self.ports[u][port];
-        if p.stalled_since[prio as usize].is_none() {
-            p.stalled_since[prio as usize] = Some(self.now);
+        if p.pq[prio as usize].stalled_since.is_none() {
+            p.pq[prio as usize].stalled_since = Some(self.now);
             let t = self.now + self.cfg.watchdog_detect_ns;
             self.push(
                 t,
@@ -915,19 +923,19 @@ impl Fabric {
         let now = self.now;
         let detect = self.cfg.watchdog_detect_ns;
         let p = &mut self.ports[u][port];
-        let Some(since) = p.stalled_since[prio as usize] else {
+        let Some(since) = p.pq[prio as usize].stalled_since else {
             return;
         };
         if now < since + detect {
             return;
         }
-        if p.paused_until[prio as usize] <= now || p.queues[prio as usize].is_empty() {
-            p.stalled_since[prio as usize] = None;
+        if p.pq[prio as usize].paused_until <= now || p.pq[prio as usize].queue.is_empty() {
+            p.pq[prio as usize].stalled_since = None;
             return;
         }
         // Stormed: the queue's frames are dropped, and pauses ignored until the restore time.
-        p.stalled_since[prio as usize] = None;
-        p.storm_until[prio as usize] = now + self.cfg.watchdog_restore_ns;
+        p.pq[prio as usize].stalled_since = None;
+        p.pq[prio as usize].storm_until = now + self.cfg.watchdog_restore_ns;
         self.totals.watchdog.push(WatchdogEvent {
             switch: u,
             port,
@@ -935,12 +943,13 @@ impl Fabric {
             stalled_ns: since,
             fired_ns: now,
         });
-        let q: Vec<Meta> = self.ports[u][port].queues[prio as usize]
+        let q: Vec<Meta> = self.ports[u][port].pq[prio as usize]
+            .queue
             .drain(..)
             .collect();
         self.ports[u][port].nonempty &= !(1 << prio);
         for m in q {
-            self.ports[u][port].qbytes[prio as usize] -= u64::from(m.len);
+            self.ports[u][port].pq[prio as usize].qbytes -= u64::from(m.len);
             self.release(u, &m);
             self.totals.drops += 1;
             self.free_pkt(m.pkt);
@@ -982,10 +991,10 @@ impl Fabric {
                 continue;
             }
             if f.quanta[prio] == 0 {
-                resumed |= p.paused_until[prio] > now;
-                p.paused_until[prio] = now;
+                resumed |= p.pq[prio].paused_until > now;
+                p.pq[prio].paused_until = now;
             } else {
-                p.paused_until[prio] = now + PfcRepr::pause_ns(f.quanta[prio], p.bps);
+                p.pq[prio].paused_until = now + PfcRepr::pause_ns(f.quanta[prio], p.bps);
             }
         }
         if resumed {
@@ -1030,7 +1039,7 @@ impl Fabric {
         let lossless = self.cfg.pfc && prio == DATA_PRIO;
         let now = self.now;
         let op = &self.ports[u][out];
-        if op.storm_until[prio as usize] > now {
+        if op.pq[prio as usize].storm_until > now {
             // The watchdog's drop action on a stormed queue.
             self.totals.drops += 1;
             self.free_pkt(i);
@@ -1040,10 +1049,10 @@ impl Fabric {
         if lossless {
             let thr = pfc_threshold(&self.cfg, sw);
             let ip = &self.ports[u][inp];
-            let over = ip.ing[prio as usize] + len > thr
+            let over = ip.pq[prio as usize].ing + len > thr
                 || sw.shared_used + len + sw.total_headroom > self.cfg.buffer_bytes;
             if over {
-                if ip.hdrm[prio as usize] + len > ip.headroom {
+                if ip.pq[prio as usize].hdrm + len > ip.headroom {
                     self.totals.drops += 1;
                     self.free_pkt(i);
                     return;
@@ -1056,7 +1065,7 @@ impl Fabric {
                 .cfg
                 .buffer_bytes
                 .saturating_sub(sw.shared_used + sw.total_headroom);
-            if len > free || op.qbytes[prio as usize] + len > free {
+            if len > free || op.pq[prio as usize].qbytes + len > free {
                 self.totals.drops += 1;
                 self.free_pkt(i);
                 return;
@@ -1068,24 +1077,24 @@ impl Fabric {
         }
         let ip = &mut self.ports[u][inp];
         if in_hdrm {
-            ip.hdrm[prio as usize] += len;
+            ip.pq[prio as usize].hdrm += len;
         } else {
-            ip.ing[prio as usize] += len;
+            ip.pq[prio as usize].ing += len;
             sw.shared_used += len;
         }
-        if lossless && !ip.xoff[prio as usize] {
+        if lossless && !ip.pq[prio as usize].xoff {
             let thr = pfc_threshold(&self.cfg, sw);
-            if ip.hdrm[prio as usize] > 0 || ip.ing[prio as usize] >= thr {
-                ip.xoff[prio as usize] = true;
+            if ip.pq[prio as usize].hdrm > 0 || ip.pq[prio as usize].ing >= thr {
+                ip.pq[prio as usize].xoff = true;
                 self.send_xoff(u, inp, prio);
             }
         }
         let op = &mut self.ports[u][out];
-        op.queues[prio as usize].push_back(m);
+        op.pq[prio as usize].queue.push_back(m);
         op.nonempty |= 1 << prio;
-        op.qbytes[prio as usize] += len;
+        op.pq[prio as usize].qbytes += len;
         if now >= self.half_ns {
-            op.queue_max = op.queue_max.max(op.qbytes[prio as usize]);
+            op.queue_max = op.queue_max.max(op.pq[prio as usize].qbytes);
         }
         self.kick(u, out);
     }
@@ -1251,13 +1260,16 @@ impl Fabric {
     /// The bottleneck queue (or the deepest switch queue), bytes.
     fn queue_now(&self) -> u64 {
         match self.bottleneck {
-            Some((a, p)) => self.ports[a][p].qbytes.iter().sum(),
+            Some((a, p)) => self.ports[a][p].pq.iter().map(|q| q.qbytes).sum(),
             None => self
                 .ports
                 .iter()
                 .enumerate()
                 .filter(|(u, _)| self.topo.kinds[*u] == NodeKind::Switch)
-                .flat_map(|(_, ps)| ps.iter().map(|p| p.qbytes.iter().sum::<u64>()))
+                .flat_map(|(_, ps)| {
+                    ps.iter()
+                        .map(|p| p.pq.iter().map(|q| q.qbytes).sum::<u64>())
+                })
                 .max()
                 .unwrap_or(0),
         }
