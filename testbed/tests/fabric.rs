@@ -268,3 +268,23 @@ fn the_same_seed_gives_the_same_json() {
         a.text()
     );
 }
+
+/// PFC without CC over the fat tree: frames cross several switches and some are admitted into
+/// a port's headroom; each switch accounts its own admission (a headroom flag carried over from
+/// the previous switch once released bytes from the wrong counter: thousands of drops).
+#[test]
+fn the_fat_tree_without_cc_pauses_but_drops_nothing() {
+    let r = run(
+        Scenario::FatTree {
+            load: 0.3,
+            cdf: "websearch".into(),
+        },
+        CcAlgo::None,
+        true,
+        1,
+        |_| {},
+    );
+    assert!(r.pause_frames > 0, "{}", r.text());
+    assert_eq!(r.drops, 0, "{}", r.text());
+    assert!(r.flows.iter().all(|f| f.fct_us.is_some()), "{}", r.text());
+}

@@ -1071,7 +1071,9 @@ impl Fabric {
                 return;
             }
         }
+        // (Set here for this switch: the flag the previous one set is its own.)
         m.in_port = inp as u16;
+        m.flags &= !M_HDRM;
         if in_hdrm {
             m.flags |= M_HDRM;
         }
