@@ -52,6 +52,10 @@ pub struct Args {
     /// The PFC watchdog's detection (and restoration) time, ms; 0 turns it off.
     #[arg(long, default_value_t = 10.0)]
     pub pfc_watchdog: f64,
+    /// Every host computes and checks ICRCs, as on a wire; off skips both (no figure changes:
+    /// the simulated links corrupt nothing), for speed.
+    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
+    pub icrc: String,
     /// The last line of stdout is one JSON object (the contract's keys).
     #[arg(long)]
     pub json: bool,
@@ -113,6 +117,7 @@ pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
     let f = &mut s.fabric;
     f.seed = a.seed;
     f.pfc = a.pfc == "on";
+    f.icrc = a.icrc == "on";
     f.kmin_bytes = kb("kmin", a.kmin)?;
     f.kmax_bytes = kb("kmax", a.kmax)?;
     if f.kmax_bytes < f.kmin_bytes {

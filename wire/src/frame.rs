@@ -454,6 +454,7 @@ impl FrameRepr {
             &self.ext,
             payload_len,
             fill,
+            true,
         );
         Ok(total)
     }
@@ -466,8 +467,9 @@ impl FrameRepr {
 
 /// Writes what follows the UDP header at `b` in `buf` (which is exactly the frame): the BTH, the
 /// extension headers, `payload_len` bytes from `fill`, the zero pad and the ICRC, computed in
-/// place over the frame whose IP header is at `ip.0` (`ip.1` bytes long, IPv6 when `ip.2`). The
-/// caller checked the layout and the lengths.
+/// place over the frame whose IP header is at `ip.0` (`ip.1` bytes long, IPv6 when `ip.2`), or
+/// zero without `icrc`. The caller checked the layout and the lengths.
+#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub(crate) fn emit_transport(
     buf: &mut [u8],
@@ -477,6 +479,7 @@ pub(crate) fn emit_transport(
     ext: &ExtHeaders,
     payload_len: usize,
     fill: impl FnOnce(&mut [u8]),
+    icrc: bool,
 ) {
     let info = bth.opcode.info();
     bth.emit(&mut buf[b..]);
@@ -485,6 +488,10 @@ pub(crate) fn emit_transport(
     fill(&mut buf[p..p + payload_len]);
     let pad_end = p + payload_len + bth.pad as usize;
     buf[p + payload_len..pad_end].fill(0);
+    if !icrc {
+        buf[pad_end..pad_end + 4].fill(0);
+        return;
+    }
     let (l3, ihl, v6) = ip;
     let c = icrc::compute_in_place(buf, l3, ihl, v6, pad_end + len::ICRC);
     buf[pad_end..pad_end + 4].copy_from_slice(&icrc::to_wire(c));

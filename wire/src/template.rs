@@ -9,7 +9,8 @@
 //!
 //! Invariant: the frame is byte for byte what [`FrameRepr::emit`] builds from the same values
 //! (the property test `template_matches_frame_repr` holds it to that), so a template is a cache
-//! of values, never a second encoding of the wire format.
+//! of values, never a second encoding of the wire format; but for a template made
+//! [`HeaderTemplate::without_icrc`], whose frames carry a zero ICRC.
 use crate::error::BuildError;
 use crate::eth::{ETHERTYPE_IPV4, ETHERTYPE_IPV6};
 use crate::frame::{emit_transport, FrameRepr, IpRepr};
@@ -36,6 +37,8 @@ pub struct HeaderTemplate {
     /// IPv4: the sum of the header's 16-bit words with total length, identification and checksum
     /// taken as zero; each packet adds its two and folds.
     csum_base: u32,
+    /// Compute each packet's ICRC (else it is left zero).
+    icrc: bool,
 }
 
 impl HeaderTemplate {
@@ -80,7 +83,16 @@ impl HeaderTemplate {
             l3: l3 as u8,
             v6: repr.ip.is_v6(),
             csum_base,
+            icrc: true,
         }
+    }
+
+    /// The same template, its packets' ICRC left zero instead of computed: for a simulation
+    /// whose links corrupt nothing and whose receivers do not check ICRCs, never for a wire (a
+    /// peer that checks drops every such packet).
+    pub fn without_icrc(mut self) -> HeaderTemplate {
+        self.icrc = false;
+        self
     }
 
     /// True for an IPv6 flow (no identification to give).
@@ -150,7 +162,16 @@ impl HeaderTemplate {
         }
         let u = l3 + ihl;
         buf[u + 4..u + 6].copy_from_slice(&(udp_len as u16).to_be_bytes());
-        emit_transport(buf, hl, (l3, ihl, v6), bth, ext, payload_len, fill);
+        emit_transport(
+            buf,
+            hl,
+            (l3, ihl, v6),
+            bth,
+            ext,
+            payload_len,
+            fill,
+            self.icrc,
+        );
         Ok(total)
     }
 }

@@ -36,6 +36,11 @@ pub struct RnicConfig {
     pub seed: Seed,
     /// Verify the ICRC of every received packet (drop on mismatch, IBTA A17.3.3, A17.3.4).
     pub check_icrc: bool,
+    /// Compute the ICRC of every packet a connected QP sends (IBTA 9.2: always). `false` leaves
+    /// it zero: only for a simulation whose links corrupt nothing and whose receivers do not
+    /// check (`check_icrc` false; `rocemu sim --icrc off`), never on a wire, where a peer drops
+    /// every such packet. UD packets and CNPs keep theirs.
+    pub emit_icrc: bool,
     /// Congestion control: ECN marking, the notification point, the reaction point and its
     /// parameters ([`CcConfig`]: no RP and no ECT marking by default; the NP answers CE marks).
     pub cc: CcConfig,
@@ -49,6 +54,7 @@ impl RnicConfig {
             eth_mtu: 9000,
             seed: Seed::from_u64(seed),
             check_icrc: true,
+            emit_icrc: true,
             cc: CcConfig::default(),
         }
     }
@@ -370,13 +376,18 @@ impl Dev {
             qp.attr.dest_qp_num,
             Psn::new(0),
         );
-        HeaderTemplate::new(&self.frame_repr(
+        let t = HeaderTemplate::new(&self.frame_repr(
             qp,
             &qp.attr.ah_attr,
             qp.dmac,
             bth,
             ExtHeaders::default(),
-        ))
+        ));
+        if self.cfg.emit_icrc {
+            t
+        } else {
+            t.without_icrc()
+        }
     }
 
     /// Builds a packet of `qp` with these transport headers at the front of `buf`: to `ud` (a UD

@@ -4,7 +4,7 @@
 //! ```text
 //! topo.rs     topologies as data: dumbbell, incast, victim, HPCC's topology file; shortest-path routes
 //! traffic.rs  long flows; Poisson arrivals from a flow-size CDF (WebSearch, FB Hadoop) at a load
-//! queue.rs    the event queue: a calendar of 4-ns buckets, a heap beyond 262 µs
+//! queue.rs    the event queue: a calendar of 1-ns buckets taken in push order, a heap beyond 65 µs
 //! sim.rs      the event loop: hosts (an Rnic each), links, switches (buffer, queues, ECN, PFC, watchdog, ECMP)
 //! report.rs   what the CC literature reports: throughput, fairness, queue, pauses, FCT slowdown; JSON, text
 //! plot.rs     per-flow rate, queue depth and pauses over time; FCT slowdown by size (SVG)
@@ -14,7 +14,8 @@
 //! - **Hosts.** Each is an [`rocemu_emulator::rnic::Rnic`] with its own congestion control,
 //!   one RC QP pair per flow, a flow a train of 64 KiB RDMA WRITEs (8 posted at a time). The NIC
 //!   sends whenever its link is free and its priority not paused; frames it produced while paused
-//!   wait in one slot.
+//!   wait in one slot. With `FabricConfig::icrc` off (`--icrc off`) hosts neither compute nor
+//!   check ICRCs: no figure changes, the run is faster.
 //! - **Links**: a rate and a propagation delay; a frame costs its bytes plus 24 (preamble, IFG,
 //!   FCS) of wire time; store and forward.
 //! - **Switches**: one shared buffer; per egress port, eight priority queues served strictly by

@@ -255,6 +255,8 @@ pub struct Report {
     pub hops: u64,
     pub wall_secs: f64,
     pub events_per_second: f64,
+    /// The hosts computed and checked ICRCs (`FabricConfig::icrc`): the speed depends on it.
+    pub icrc: bool,
     /// For the plot: sample period, each flow's cumulative bytes, the queue and the pauses.
     pub series_ns: u64,
     pub flow_series: Vec<Vec<u64>>,
@@ -361,6 +363,7 @@ impl Report {
             hops: fab.totals.hops,
             wall_secs,
             events_per_second: fab.totals.hops as f64 / wall_secs.max(1e-9),
+            icrc: fab.cfg.icrc,
             series_ns: fab.cfg.series_ns,
             flow_series: fab.flows.iter().map(|f| f.series.clone()).collect(),
             queue_series: fab.totals.queue_series.clone(),
@@ -493,10 +496,11 @@ impl Report {
             );
         }
         s += &format!(
-            "speed: {} packet-hops in {:.2} s, {:.2} M/s\n",
+            "speed: {} packet-hops in {:.2} s, {:.2} M/s (ICRC {})\n",
             self.hops,
             self.wall_secs,
-            self.events_per_second / 1e6
+            self.events_per_second / 1e6,
+            if self.icrc { "on" } else { "off" }
         );
         s
     }
