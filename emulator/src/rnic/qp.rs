@@ -113,7 +113,11 @@ impl SendQueue {
         }
         self.reads += wr.opcode.is_read_or_atomic() as usize;
         let s = self.slot(self.len);
-        self.slots[s] = Some(SendWqe::new(wr, len, signaled));
+        let slot = &mut self.slots[s];
+        // A free slot holds None already (a completed WQE is dropped where it lies); emptied
+        // first, the WQE is then written straight into it rather than built on the stack.
+        drop(slot.take());
+        *slot = Some(SendWqe::new(wr, len, signaled));
         self.len += 1;
     }
 
@@ -166,6 +170,8 @@ impl SendQueue {
         b.iter_mut().chain(a).take(len).flatten()
     }
 
+    #[cold]
+    #[inline(never)]
     fn grow(&mut self) {
         let n = (self.slots.len() * 2).max(4);
         let mut slots: Vec<Option<SendWqe>> = Vec::with_capacity(n);
