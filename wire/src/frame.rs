@@ -147,6 +147,7 @@ impl<'a> ParsedFrame<'a> {
         icrc::to_wire(self.computed_icrc()) == self.icrc
     }
     /// True for IPv6, and for IPv4 when the header checksum verifies.
+    #[inline]
     pub fn ip_checksum_ok(&self) -> bool {
         match self.ip {
             IpRepr::V4(r) => crate::ip::ipv4_checksum_ok(&self.datagram[..r.header_len]),
@@ -496,7 +497,10 @@ pub(crate) fn emit_transport(
     let p = e + ext.emit(info, &mut buf[e..]);
     fill(&mut buf[p..p + payload_len]);
     let pad_end = p + payload_len + bth.pad as usize;
-    buf[p + payload_len..pad_end].fill(0);
+    // At most three bytes: a loop, not a memset call (most packets have none).
+    for b in &mut buf[p + payload_len..pad_end] {
+        *b = 0;
+    }
     let (l3, ihl, v6) = ip;
     let c = icrc::compute_in_place(buf, l3, ihl, v6, pad_end + len::ICRC);
     buf[pad_end..pad_end + 4].copy_from_slice(&icrc::to_wire(c));
