@@ -64,6 +64,7 @@ impl Dev {
         self.push_wc_se(cq, wc, se);
     }
 
+    #[inline]
     fn push_wc_se(&mut self, cq: CqId, wc: Wc, se: bool) {
         self.count_wc(&wc);
         if let Some(c) = self.cqs.get_mut(cq.0) {
