@@ -147,6 +147,7 @@ impl<'a> ParsedFrame<'a> {
         icrc::to_wire(self.computed_icrc()) == self.icrc
     }
     /// True for IPv6, and for IPv4 when the header checksum verifies.
+    #[inline]
     pub fn ip_checksum_ok(&self) -> bool {
         match self.ip {
             IpRepr::V4(r) => crate::ip::ipv4_checksum_ok(&self.datagram[..r.header_len]),
@@ -188,17 +189,29 @@ pub fn icrc_ok_in_place(frame: &mut [u8]) -> Option<bool> {
 /// wire verifies. The frame is left as it was.
 #[inline]
 pub fn parse_frame_in_place(frame: &mut [u8]) -> Result<(ParsedFrame<'_>, bool), Error> {
+    with_frame_in_place(frame, |r| r.map(|(p, ok)| (*p, ok)))
+}
+
+/// [`parse_frame_in_place`], the result handed to `f` (the parsed frame by reference) rather
+/// than returned: a parsed frame is some 300 bytes, and returning it through a `Result` copies
+/// it, which costs as much as a good part of the parse. What a receive path uses.
+#[inline(always)]
+pub fn with_frame_in_place<'f, R>(
+    frame: &'f mut [u8],
+    f: impl FnOnce(Result<(&ParsedFrame<'f>, bool), Error>) -> R,
+) -> R {
     // The parse borrows the frame; its values are copied out (offsets instead of slices) so that
     // the CRC may write the masked head in place, then the view is put back together.
-    let (mut head, l3, dg_len, payload_len) = {
-        let p = parse_frame(frame)?;
-        let l3 = p.eth.header_len();
-        let head = ParsedFrame {
-            payload: &[],
-            datagram: &[],
-            ..p
-        };
-        (head, l3, p.datagram.len(), p.payload.len())
+    let p = match parse_frame(frame) {
+        Ok(p) => p,
+        Err(e) => return f(Err(e)),
+    };
+    let l3 = p.eth.header_len();
+    let (dg_len, payload_len) = (p.datagram.len(), p.payload.len());
+    let mut head = ParsedFrame {
+        payload: &[],
+        datagram: &[],
+        ..p
     };
     let c = icrc::compute_in_place(
         frame,
@@ -208,10 +221,10 @@ pub fn parse_frame_in_place(frame: &mut [u8]) -> Result<(ParsedFrame<'_>, bool),
         l3 + dg_len,
     );
     let ok = icrc::to_wire(c) == head.icrc;
-    let frame = &*frame;
+    let frame: &'f [u8] = frame;
     head.datagram = &frame[l3..l3 + dg_len];
     head.payload = &frame[head.payload_offset..head.payload_offset + payload_len];
-    Ok((head, ok))
+    f(Ok((&head, ok)))
 }
 
 /// Parses a bare IP datagram (a capture with a raw-IP link type). `eth` in the result is all
@@ -487,7 +500,10 @@ pub(crate) fn emit_transport(
     let p = e + ext.emit(info, &mut buf[e..]);
     fill(&mut buf[p..p + payload_len]);
     let pad_end = p + payload_len + bth.pad as usize;
-    buf[p + payload_len..pad_end].fill(0);
+    // At most three bytes: a loop, not a memset call (most packets have none).
+    for b in &mut buf[p + payload_len..pad_end] {
+        *b = 0;
+    }
     if !icrc {
         buf[pad_end..pad_end + 4].fill(0);
         return;

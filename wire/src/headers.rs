@@ -156,6 +156,7 @@ impl BthRepr {
     }
 
     /// Writes the 12 bytes at the front of `buf`, which must hold them.
+    #[inline]
     pub fn emit(&self, buf: &mut [u8]) {
         let h = BthHeader {
             opcode: self.opcode.value(),
@@ -420,6 +421,7 @@ impl ExtHeaders {
 
     /// Writes the headers present, in wire order, at the front of `buf` (which must hold them),
     /// and then the CNP's 16 reserved bytes if `info` is a CNP. Returns the bytes written.
+    #[inline]
     pub(crate) fn emit(&self, info: &OpcodeInfo, buf: &mut [u8]) -> usize {
         let mut off = 0;
         if let Some(f) = self.feth {

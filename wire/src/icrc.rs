@@ -153,13 +153,25 @@ pub fn compute_in_place(
     ipv6: bool,
     end: usize,
 ) -> u32 {
-    let (head, mask): (usize, &[[u8; 16]]) = match (ipv6, ip_header_len) {
-        (false, 20) => (V4_HEAD, &V4_MASK),
-        (true, 40) => (V6_HEAD, &V6_MASK),
-        _ => return compute_generic(&frame[l3..end - 4], ip_header_len, ipv6),
-    };
-    let base = l3 - 8;
-    let mut saved = [[0u8; 16]; 4];
+    match (ipv6, ip_header_len) {
+        (false, 20) => masked_in_place(frame, l3 - 8, V4_HEAD, &V4_MASK, end),
+        (true, 40) => masked_in_place(frame, l3 - 8, V6_HEAD, &V6_MASK, end),
+        _ => compute_generic(&frame[l3..end - 4], ip_header_len, ipv6),
+    }
+}
+
+/// The CRC of `frame[base..end - 4]` with its first `N` 16-byte chunks ORed with `mask` (of
+/// which `head` bytes carry masked fields): masked in place, hashed, put back. The chunk count
+/// is a constant, so that the loops unroll.
+#[inline(always)]
+fn masked_in_place<const N: usize>(
+    frame: &mut [u8],
+    base: usize,
+    head: usize,
+    mask: &[[u8; 16]; N],
+    end: usize,
+) -> u32 {
+    let mut saved = [[0u8; 16]; N];
     for (i, m) in mask.iter().enumerate() {
         let at = base + i * 16;
         saved[i].copy_from_slice(&frame[at..at + 16]);
@@ -170,7 +182,7 @@ pub fn compute_in_place(
     let mut h = hasher();
     h.update(&frame[base..end - 4]);
     let crc = h.finalize();
-    for (i, v) in saved.iter().enumerate().take(mask.len()) {
+    for (i, v) in saved.iter().enumerate() {
         let at = base + i * 16;
         frame[at..at + 16].copy_from_slice(v);
     }

@@ -476,6 +476,7 @@ impl Opcode {
     pub fn name(self) -> &'static str {
         self.info().name
     }
+    #[inline]
     pub fn transport(self) -> Transport {
         self.info().transport
     }

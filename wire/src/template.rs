@@ -176,6 +176,7 @@ impl HeaderTemplate {
     }
 }
 
+#[inline]
 fn transport_len(bth: &BthRepr, payload_len: usize) -> usize {
     len::BTH + bth.opcode.info().ext_len + payload_len + bth.pad as usize + len::ICRC
 }

@@ -64,6 +64,7 @@ impl Dev {
         self.push_wc_se(cq, wc, se);
     }
 
+    #[inline]
     fn push_wc_se(&mut self, cq: CqId, wc: Wc, se: bool) {
         self.count_wc(&wc);
         if let Some(c) = self.cqs.get_mut(cq.0) {
@@ -187,7 +188,12 @@ impl Rnic {
             return 0;
         };
         let n = max.min(c.q.len());
-        out.extend(c.q.drain(..n));
+        // Two slice copies rather than an element-by-element drain.
+        let (a, b) = c.q.as_slices();
+        let na = n.min(a.len());
+        out.extend_from_slice(&a[..na]);
+        out.extend_from_slice(&b[..n - na]);
+        c.q.drain(..n);
         n
     }
 

@@ -396,10 +396,35 @@ impl MemTable {
         Ok(total)
     }
 
+    /// `check_sges` of a list of one SGE `s` of nonzero length: the region's index and the
+    /// offset of the SGE in it, for [`MemTable::read_checked`] while nothing can have changed.
+    #[inline]
+    pub fn check_sge(&self, pd: PdId, s: &Sge, write: bool) -> Result<(usize, usize), LocalFault> {
+        let (i, r) = self.piece(pd, s, 0, s.length as usize, write)?;
+        Ok((i, r.start))
+    }
+
+    /// `gather` of `out.len()` bytes `at` bytes into a single SGE that [`MemTable::check_sge`]
+    /// just checked (found at `start` in region `i`), with no change to the table since: the
+    /// caller guarantees `at + out.len()` is within the SGE.
+    #[inline]
+    pub fn read_checked(
+        &self,
+        (i, start): (usize, usize),
+        at: u64,
+        out: &mut [u8],
+    ) -> Result<(), LocalFault> {
+        match self.mrs.get(i).and_then(Option::as_ref) {
+            Some(mr) if mr.data.read(start + at as usize, out) => Ok(()),
+            _ => Err(LocalFault::Protection),
+        }
+    }
+
     /// The bytes of region `i` that `len` bytes `at` bytes into SGE `s` cover: the region must
     /// be there, in `pd`, writable when `write`, and hold them. `check_sges` asks it of every SGE
     /// at post; every copy asks again, since the L_Key may have been deregistered (or its key
     /// reused by another region) since.
+    #[inline]
     fn piece(
         &self,
         pd: PdId,

@@ -291,7 +291,21 @@ impl Rnic {
         Ok(())
     }
 
+    /// The slot of the live QP `qpn`: the one-entry cache inline, the rest out of line.
+    #[inline]
     pub(super) fn slot_of(&self, qpn: Qpn) -> Option<usize> {
+        let (last, s) = self.last_slot.get();
+        if last == qpn
+            && qpn != Qpn::GSI
+            && matches!(self.qps.get(s), Some(Some(q)) if q.qpn == qpn)
+        {
+            return Some(s);
+        }
+        self.slot_of_slow(qpn)
+    }
+
+    #[inline(never)]
+    fn slot_of_slow(&self, qpn: Qpn) -> Option<usize> {
         if qpn == Qpn::GSI {
             return self
                 .gsi
@@ -313,6 +327,7 @@ impl Rnic {
         }
     }
 
+    #[inline]
     pub(super) fn slot(&self, qpn: Qpn) -> Result<usize, VerbsError> {
         self.slot_of(qpn).ok_or(VerbsError::NotFound("queue pair"))
     }

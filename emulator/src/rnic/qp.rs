@@ -33,6 +33,7 @@ pub(crate) struct SendWqe {
 
 impl SendWqe {
     /// A WQE as posted: `len` bytes, not started yet.
+    #[inline]
     pub fn new(wr: SendWr, len: u64, signaled: bool) -> SendWqe {
         SendWqe {
             wr,
@@ -104,14 +105,19 @@ impl SendQueue {
         self.get(0)
     }
 
+    /// Queues a WQE for `wr` as posted (see [`SendWqe::new`]), built in its slot.
     #[inline]
-    pub fn push_back(&mut self, w: SendWqe) {
+    pub fn push_new(&mut self, wr: SendWr, len: u64, signaled: bool) {
         if self.len == self.slots.len() {
             self.grow();
         }
-        self.reads += w.wr.opcode.is_read_or_atomic() as usize;
+        self.reads += wr.opcode.is_read_or_atomic() as usize;
         let s = self.slot(self.len);
-        self.slots[s] = Some(w);
+        let slot = &mut self.slots[s];
+        // A free slot holds None already (a completed WQE is dropped where it lies); emptied
+        // first, the WQE is then written straight into it rather than built on the stack.
+        drop(slot.take());
+        *slot = Some(SendWqe::new(wr, len, signaled));
         self.len += 1;
     }
 
@@ -164,6 +170,8 @@ impl SendQueue {
         b.iter_mut().chain(a).take(len).flatten()
     }
 
+    #[cold]
+    #[inline(never)]
     fn grow(&mut self) {
         let n = (self.slots.len() * 2).max(4);
         let mut slots: Vec<Option<SendWqe>> = Vec::with_capacity(n);
@@ -491,7 +499,7 @@ impl Qp {
 mod tests {
     use super::*;
 
-    fn wqe(id: u64) -> SendWqe {
+    fn wr(id: u64) -> SendWr {
         let op = if id.is_multiple_of(3) {
             WrOpcode::RdmaRead {
                 remote_addr: 0,
@@ -500,7 +508,7 @@ mod tests {
         } else {
             WrOpcode::Send
         };
-        SendWqe::new(SendWr::new(id, op, Vec::new()), 0, true)
+        SendWr::new(id, op, Vec::new())
     }
 
     /// Against VecDeque, through pushes, pops, drops and growth across the wrap.
@@ -512,7 +520,7 @@ mod tests {
         for step in 0..2000u64 {
             match (step * 7919) % 5 {
                 0..=2 => {
-                    q.push_back(wqe(next));
+                    q.push_new(wr(next), 0, true);
                     r.push_back(next);
                     next += 1;
                 }

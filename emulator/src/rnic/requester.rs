@@ -192,6 +192,7 @@ pub(crate) fn produce(dev: &mut Dev, qp: &mut Qp, now: Nanos, buf: &mut [u8]) ->
     }
     let idx = qp.sq_next;
     let w = qp.sq.get(idx)?;
+    let mut checked = None;
     if let Some(st) = w.error {
         fail_wqe_local(dev, qp, idx, st);
         return None;
@@ -213,7 +214,15 @@ pub(crate) fn produce(dev: &mut Dev, qp: &mut Qp, now: Nanos, buf: &mut [u8]) ->
         let inline = w.wr.flags.contains(SendFlags::INLINE);
         if !inline {
             let write = matches!(w.wr.opcode, WrOpcode::RdmaRead { .. }) || w.wr.opcode.is_atomic();
-            if let Err(f) = dev.mem.check_sges(qp.pd, &w.wr.sg_list, write) {
+            // One SGE (the usual case): its check is kept for the first packet's gather below,
+            // which then need not look the region up and check it again.
+            let r = match &*w.wr.sg_list {
+                [s] if s.length > 0 => dev.mem.check_sge(qp.pd, s, write).map(|c| {
+                    checked = Some(c);
+                }),
+                sges => dev.mem.check_sges(qp.pd, sges, write).map(|_| ()),
+            };
+            if let Err(f) = r {
                 // A list too short cannot be: the length is the list's sum.
                 fail_wqe_local(dev, qp, idx, f.status());
                 return None;
@@ -244,7 +253,7 @@ pub(crate) fn produce(dev: &mut Dev, qp: &mut Qp, now: Nanos, buf: &mut [u8]) ->
             return None;
         }
     }
-    emit_packet(dev, qp, idx, now, buf)
+    emit_packet(dev, qp, idx, now, buf, checked)
 }
 
 #[inline]
@@ -254,6 +263,7 @@ fn emit_packet(
     idx: usize,
     now: Nanos,
     buf: &mut [u8],
+    checked: Option<(usize, usize)>,
 ) -> Option<usize> {
     let mtu = if qp.qp_type == QpType::Ud {
         qp.sq[idx].len.max(1)
@@ -332,7 +342,12 @@ fn emit_packet(
                     &w.wr.inline_data[offset as usize..(offset + payload_len) as usize],
                 );
             } else {
-                gathered = mem.gather(pd, &w.wr.sg_list, offset, d);
+                gathered = match checked {
+                    // The single SGE checked a moment ago (the WQE's first packet): no need
+                    // to look its region up again.
+                    Some(c) if offset + d.len() as u64 <= w.len => mem.read_checked(c, offset, d),
+                    _ => mem.gather(pd, &w.wr.sg_list, offset, d),
+                };
             }
         },
     );

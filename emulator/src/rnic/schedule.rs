@@ -14,6 +14,7 @@ use super::{cc, completer, requester, responder, Rnic};
 use crate::time::Nanos;
 use rocemu_wire::Qpn;
 use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 
 /// Packets one QP sends in a row before the transmit scheduler moves on (DPDK's burst of 32
 /// is per port; per QP, 16 keeps fairness while amortising the QP's cache misses).
@@ -31,12 +32,16 @@ impl Rnic {
     }
 
     fn transmit(&mut self, now: Nanos, buf: &mut [u8]) -> Option<usize> {
-        while let Some((slot, qpn)) = self.tx_sched.pop_front() {
+        // The QP at the head of the schedule stays there for its burst: it leaves (and goes to
+        // the back if it has more) when the burst ends or it has nothing more to send now.
+        while let Some(&(slot, qpn)) = self.tx_sched.front() {
             let Some(qp) = self.qps.get_mut(slot).and_then(Option::as_mut) else {
+                self.tx_sched.pop_front();
                 continue;
             };
             if qp.qpn != qpn {
                 // Left by a destroyed QP; the slot's new QP has its own entry when it needs one.
+                self.tx_sched.pop_front();
                 continue;
             }
             qp.scheduled = false;
@@ -76,12 +81,15 @@ impl Rnic {
                     if more && self.burst_left > 1 {
                         self.burst_left -= 1;
                         qp.scheduled = true;
-                        self.tx_sched.push_front((slot, qpn));
-                        self.refresh_timers(slot);
                     } else {
                         self.burst_left = TX_BURST;
-                        self.refresh(slot);
+                        self.tx_sched.pop_front();
+                        if more {
+                            qp.scheduled = true;
+                            self.tx_sched.push_back((slot, qpn));
+                        }
                     }
+                    arm_timers(&mut self.timers, slot, qp);
                     self.dev.counters.sent_pkts += 1;
                     self.dev.counters.sent_bytes += n as u64;
                     return Some(n);
@@ -90,7 +98,8 @@ impl Rnic {
                 // until an ACK, a timer or a post changes that.
                 None => {
                     self.burst_left = TX_BURST;
-                    self.refresh_timers(slot);
+                    self.tx_sched.pop_front();
+                    arm_timers(&mut self.timers, slot, qp);
                 }
             }
         }
@@ -195,45 +204,16 @@ impl Rnic {
 
     /// Puts a QP on the transmit schedule if it has something to send, and its deadlines on the
     /// timer heap.
+    #[inline]
     pub(super) fn refresh(&mut self, slot: usize) {
-        let Some(qp) = self.qps[slot].as_mut() else {
+        let Some(qp) = self.qps.get_mut(slot).and_then(Option::as_mut) else {
             return;
         };
         if !qp.scheduled && qp.has_tx_work() {
             qp.scheduled = true;
             self.tx_sched.push_back((slot, qp.qpn));
         }
-        self.refresh_timers(slot);
-    }
-
-    /// Puts a QP's deadlines on the timer heap. One entry per deadline kind and QP: a deadline
-    /// that moves later (every ACK pushes the retransmit timer out) keeps its earlier entry,
-    /// which re-arms when it comes up; only an earlier deadline needs a new entry. Without this
-    /// the heap grows by an entry per ACK.
-    fn refresh_timers(&mut self, slot: usize) {
-        let Some(qp) = self.qps[slot].as_mut() else {
-            return;
-        };
-        for (d, pushed) in [
-            (qp.ack_deadline, &mut qp.ack_pushed),
-            (qp.rnr_deadline, &mut qp.rnr_pushed),
-        ] {
-            if let Some(t) = d {
-                if pushed.is_none_or(|p| t < p) {
-                    *pushed = Some(t);
-                    self.timers.push(Reverse((t, slot, qp.qpn)));
-                }
-            }
-        }
-        // The pacing deadline and the reaction point's next rate change, as one kind.
-        if let Some(c) = qp.cc.as_deref_mut() {
-            if let Some(t) = c.deadline() {
-                if c.pushed.is_none_or(|p| t < p) {
-                    c.pushed = Some(t);
-                    self.timers.push(Reverse((t, slot, qp.qpn)));
-                }
-            }
-        }
+        arm_timers(&mut self.timers, slot, qp);
     }
 
     /// A destroyed QP's timer entries stay in the heap until they come up (and then act on
@@ -247,6 +227,53 @@ impl Rnic {
             self.timers
                 .retain(|Reverse((_, s, q))| matches!(qps.get(*s), Some(Some(p)) if p.qpn == *q));
             self.stale_timers = 0;
+        }
+    }
+}
+
+/// Puts a QP's deadlines on the timer heap. One entry per deadline kind and QP: a deadline
+/// that moves later (every ACK pushes the retransmit timer out) keeps its earlier entry,
+/// which re-arms when it comes up; only an earlier deadline needs a new entry. Without this
+/// the heap grows by an entry per ACK. Called after every packet and post: the usual case,
+/// nothing to push, is decided inline.
+#[inline]
+fn arm_timers(timers: &mut BinaryHeap<Reverse<(Nanos, usize, Qpn)>>, slot: usize, qp: &mut Qp) {
+    let needs = |d: Option<Nanos>, pushed: Option<Nanos>| match d {
+        Some(t) => pushed.is_none_or(|p| t < p),
+        None => false,
+    };
+    if needs(qp.ack_deadline, qp.ack_pushed)
+        || needs(qp.rnr_deadline, qp.rnr_pushed)
+        || qp.cc.is_some()
+    {
+        arm_timers_slow(timers, slot, qp);
+    }
+}
+
+#[inline(never)]
+fn arm_timers_slow(
+    timers: &mut BinaryHeap<Reverse<(Nanos, usize, Qpn)>>,
+    slot: usize,
+    qp: &mut Qp,
+) {
+    for (d, pushed) in [
+        (qp.ack_deadline, &mut qp.ack_pushed),
+        (qp.rnr_deadline, &mut qp.rnr_pushed),
+    ] {
+        if let Some(t) = d {
+            if pushed.is_none_or(|p| t < p) {
+                *pushed = Some(t);
+                timers.push(Reverse((t, slot, qp.qpn)));
+            }
+        }
+    }
+    // The pacing deadline and the reaction point's next rate change, as one kind.
+    if let Some(c) = qp.cc.as_deref_mut() {
+        if let Some(t) = c.deadline() {
+            if c.pushed.is_none_or(|p| t < p) {
+                c.pushed = Some(t);
+                timers.push(Reverse((t, slot, qp.qpn)));
+            }
         }
     }
 }

@@ -501,6 +501,7 @@ impl Default for SgList {
 
 impl core::ops::Deref for SgList {
     type Target = [Sge];
+    #[inline]
     fn deref(&self) -> &[Sge] {
         match self {
             SgList::Inline { n, sges } => &sges[..*n as usize],
@@ -510,6 +511,7 @@ impl core::ops::Deref for SgList {
 }
 
 impl From<&[Sge]> for SgList {
+    #[inline]
     fn from(s: &[Sge]) -> SgList {
         // Element by element: a slice copy of a variable length is a memcpy call, which costs
         // more than the one or two 16-byte SGEs of every work request.
@@ -535,6 +537,7 @@ impl From<Vec<Sge>> for SgList {
 }
 
 impl<const N: usize> From<[Sge; N]> for SgList {
+    #[inline]
     fn from(a: [Sge; N]) -> SgList {
         SgList::from(&a[..])
     }
@@ -553,6 +556,7 @@ pub struct SendWr {
 }
 
 impl SendWr {
+    #[inline]
     pub fn new(wr_id: u64, opcode: WrOpcode, sg_list: impl Into<SgList>) -> SendWr {
         SendWr {
             wr_id,
