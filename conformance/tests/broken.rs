@@ -938,49 +938,6 @@ fn acks_cover_all() -> impl FnOnce(&SharedDut, SelfAgent) -> Box<dyn Agent> {
     }
 }
 
-/// A device whose UC QPs are RC QPs: the agent creates RC QPs (with the RC attributes UC lacks)
-/// and UC requests reach them as their RC twins.
-fn uc_as_rc() -> impl FnOnce(&SharedDut, SelfAgent) -> Box<dyn Agent> {
-    use rocemu_emulator::rnic::{QpState, QpType};
-    move |dut: &SharedDut, inner: SelfAgent| {
-        dut.borrow_mut().rx_filter = Some(Box::new(|f| {
-            vec![rewrite(f, |r, _| {
-                let v = r.bth.opcode.value();
-                if (0x20..0x40).contains(&v) {
-                    if let Ok(o) = Opcode::new(v - 0x20) {
-                        r.bth.opcode = o;
-                    }
-                }
-            })]
-        }));
-        Box::new(Wrapped {
-            inner,
-            f: Box::new(|a, req| match req {
-                Request::CreateQp(mut init) => {
-                    if init.qp_type == QpType::Uc {
-                        init.qp_type = QpType::Rc;
-                    }
-                    a.call(Request::CreateQp(init))
-                }
-                Request::ModifyQp { qpn, mut attr } => {
-                    if attr.qp_state == Some(QpState::Rtr) && attr.dest_qp_num.is_some() {
-                        attr.min_rnr_timer.get_or_insert(12);
-                        attr.max_dest_rd_atomic.get_or_insert(16);
-                    }
-                    if attr.qp_state == Some(QpState::Rts) {
-                        attr.timeout.get_or_insert(14);
-                        attr.retry_cnt.get_or_insert(7);
-                        attr.rnr_retry.get_or_insert(7);
-                        attr.max_rd_atomic.get_or_insert(16);
-                    }
-                    a.call(Request::ModifyQp { qpn, attr })
-                }
-                r => a.call(r),
-            }),
-        })
-    }
-}
-
 /// Rewrites the code of every NAK the RNIC receives.
 fn nak_read_as(
     from: NakCode,

@@ -106,3 +106,63 @@ pub fn is_nak(r: &FrameRepr, code: NakCode) -> bool {
 pub fn ignores(what: fn(&mut FrameRepr)) -> impl FnOnce(&SharedDut, SelfAgent) -> Box<dyn Agent> {
     rx(move |r, _| what(r))
 }
+
+/// A device whose UC QPs are RC QPs: the agent creates RC QPs (with the RC attributes UC lacks),
+/// and every UC request (READ and atomic opcodes 0x2c and 0x34 included, which no table parses,
+/// so the opcode byte is edited in place) reaches them as its RC twin.
+pub fn uc_as_rc() -> impl FnOnce(&SharedDut, SelfAgent) -> Box<dyn Agent> {
+    use rocemu_emulator::rnic::{QpState, QpType};
+    move |dut: &SharedDut, inner: SelfAgent| {
+        dut.borrow_mut().rx_filter = Some(Box::new(|f| {
+            let Some(op) = bth_opcode_at(&f) else {
+                return vec![f];
+            };
+            if !(0x20..0x40).contains(&f[op]) {
+                return vec![f];
+            }
+            let mut g = f.clone();
+            g[op] -= 0x20;
+            vec![fix_icrc(g)]
+        }));
+        Box::new(Wrapped {
+            inner,
+            f: Box::new(|a, req| match req {
+                Request::CreateQp(mut init) => {
+                    if init.qp_type == QpType::Uc {
+                        init.qp_type = QpType::Rc;
+                    }
+                    a.call(Request::CreateQp(init))
+                }
+                Request::ModifyQp { qpn, mut attr } => {
+                    if attr.qp_state == Some(QpState::Rtr) && attr.dest_qp_num.is_some() {
+                        attr.min_rnr_timer.get_or_insert(12);
+                        attr.max_dest_rd_atomic.get_or_insert(16);
+                    }
+                    if attr.qp_state == Some(QpState::Rts) {
+                        attr.timeout.get_or_insert(14);
+                        attr.retry_cnt.get_or_insert(7);
+                        attr.rnr_retry.get_or_insert(7);
+                        attr.max_rd_atomic.get_or_insert(16);
+                    }
+                    a.call(Request::ModifyQp { qpn, attr })
+                }
+                r => a.call(r),
+            }),
+        })
+    }
+}
+
+/// The offset of the BTH opcode in an untagged IPv4 RoCEv2 frame (the peer's).
+pub fn bth_opcode_at(f: &[u8]) -> Option<usize> {
+    let udp = f.get(12..14) == Some(&[0x08, 0x00]) && f.get(23) == Some(&17);
+    let roce = f.get(36..38) == Some(&4791u16.to_be_bytes());
+    (udp && roce && f.len() > 42 + 12 + 4).then_some(42)
+}
+
+/// Recomputes the ICRC of an untagged IPv4 RoCEv2 frame after its bytes were edited in place.
+pub fn fix_icrc(mut f: Vec<u8>) -> Vec<u8> {
+    let n = f.len() - 4;
+    let icrc = rocemu_wire::icrc::compute(&f[14..n], 20, false);
+    f[n..].copy_from_slice(&rocemu_wire::icrc::to_wire(icrc));
+    f
+}
