@@ -78,35 +78,7 @@ fn hdr_pkey_fails_when_the_pkey_is_ignored() {
 
 #[test]
 fn hdr_dqpn_fails_when_any_qpn_reaches_the_qp() {
-    // The agent side tells the filter which QPs exist; any other QPN goes to the first.
-    let qps: Rc<RefCell<Vec<Qpn>>> = Rc::default();
-    let seen = qps.clone();
-    fails(
-        "hdr.dqpn.unknown-silent-drop",
-        move |dut: &SharedDut, inner: SelfAgent| {
-            let q = qps.clone();
-            dut.borrow_mut().rx_filter = Some(Box::new(move |f| {
-                vec![rewrite(f, |r, _| {
-                    let q = q.borrow();
-                    if !q.contains(&r.bth.dqpn) {
-                        if let Some(first) = q.first() {
-                            r.bth.dqpn = *first;
-                        }
-                    }
-                })]
-            }));
-            Box::new(Wrapped {
-                inner,
-                f: Box::new(move |a, req| {
-                    let r = a.call(req)?;
-                    if let Reply::Qp(q) = &r {
-                        seen.borrow_mut().push(*q);
-                    }
-                    Ok(r)
-                }),
-            })
-        },
-    );
+    fails("hdr.dqpn.unknown-silent-drop", any_qpn_reaches_the_qp());
 }
 
 #[test]

@@ -3,11 +3,11 @@
 mod breakers;
 use breakers::*;
 
-use rocemu_conformance::agent::{Agent, Reply};
+use rocemu_conformance::agent::Agent;
 use rocemu_conformance::dut::{SelfAgent, SharedDut, DUT_IP, DUT_IP6, PEER_IP};
 use rocemu_wire::frame::IpRepr;
 use rocemu_wire::{parse_frame, Opcode, PKey, Psn, Qpn, SyndromeKind};
-use std::cell::{Cell, RefCell};
+use std::cell::Cell;
 use std::net::IpAddr;
 use std::rc::Rc;
 
@@ -55,35 +55,6 @@ fn mute_naks() -> Breaker {
         } else {
             vec![f]
         }
-    })
-}
-
-/// Any QPN that is not one of the device's reaches its first QP (the agent side tells the
-/// filter which QPs exist).
-fn any_qpn_reaches_the_qp() -> Breaker {
-    let qps: Rc<RefCell<Vec<Qpn>>> = Rc::default();
-    let seen = qps.clone();
-    Box::new(move |dut: &SharedDut, inner: SelfAgent| {
-        dut.borrow_mut().rx_filter = Some(Box::new(move |f| {
-            vec![rewrite(f, |r, _| {
-                let q = qps.borrow();
-                if !q.contains(&r.bth.dqpn) {
-                    if let Some(first) = q.first() {
-                        r.bth.dqpn = *first;
-                    }
-                }
-            })]
-        }));
-        Box::new(Wrapped {
-            inner,
-            f: Box::new(move |a, req| {
-                let r = a.call(req)?;
-                if let Reply::Qp(q) = &r {
-                    seen.borrow_mut().push(*q);
-                }
-                Ok(r)
-            }),
-        }) as Box<dyn Agent>
     })
 }
 

@@ -166,3 +166,34 @@ pub fn fix_icrc(mut f: Vec<u8>) -> Vec<u8> {
     f[n..].copy_from_slice(&rocemu_wire::icrc::to_wire(icrc));
     f
 }
+
+/// Any QPN that is not one of the device's reaches its first QP (the agent side tells the
+/// filter which QPs exist).
+pub fn any_qpn_reaches_the_qp() -> impl FnOnce(&SharedDut, SelfAgent) -> Box<dyn Agent> {
+    use rocemu_wire::Qpn;
+    use std::{cell::RefCell, rc::Rc};
+    let qps: Rc<RefCell<Vec<Qpn>>> = Rc::default();
+    let seen = qps.clone();
+    move |dut: &SharedDut, inner: SelfAgent| {
+        dut.borrow_mut().rx_filter = Some(Box::new(move |f| {
+            vec![rewrite(f, |r, _| {
+                let q = qps.borrow();
+                if !q.contains(&r.bth.dqpn) {
+                    if let Some(first) = q.first() {
+                        r.bth.dqpn = *first;
+                    }
+                }
+            })]
+        }));
+        Box::new(Wrapped {
+            inner,
+            f: Box::new(move |a, req| {
+                let r = a.call(req)?;
+                if let Reply::Qp(q) = &r {
+                    seen.borrow_mut().push(*q);
+                }
+                Ok(r)
+            }),
+        })
+    }
+}
