@@ -51,6 +51,10 @@ use std::time::{Duration, Instant};
 pub const GID_TBL_LEN: u32 = 2;
 /// How long a verb waits for a peer's MAC.
 const RESOLVE: Duration = Duration::from_secs(5);
+/// How long `ibv_destroy_qp` and the program's exit wait for queued responses to leave: a
+/// burst's worth of frames leaves in microseconds; a QP whose responses cannot leave (no
+/// route, the port refusing) holds its program no longer than this.
+const DRAIN: Duration = Duration::from_millis(50);
 /// Vendor id: an OUI with the locally administered bit set (0x52 = 0101 0010b), which the IEEE
 /// never assigns, so no table of known devices (perftest's) has it.
 pub const VENDOR_ID: u32 = 0x52_4f_45;
@@ -342,6 +346,30 @@ impl Nic {
         g
     }
 
+    /// Waits (up to [`DRAIN`]) until the responses that `qpn` (every QP: `None`) has queued
+    /// for the wire — ACKs, NAKs, read and atomic responses — are sent, the engine woken to
+    /// send them. An RNIC acknowledges what it received whatever its program does next; here
+    /// the engine sends in bursts, and a program that saw its last receive completion and
+    /// destroyed the QP (or exited) at once took the ACK of that message with it: its peer
+    /// retried into a QP that was gone and failed with "transport retry counter exceeded"
+    /// (ibv_srq_pingpong on one core, one run in two).
+    pub fn drain_responses(&self, qpn: Option<rocemu_wire::Qpn>) {
+        let deadline = Instant::now() + DRAIN;
+        loop {
+            let left = {
+                let g = self.lock();
+                match qpn {
+                    Some(q) => g.rnic.queued_responses(q).unwrap_or(0),
+                    None => g.rnic.queued_responses_all(),
+                }
+            };
+            if left == 0 || Instant::now() >= deadline {
+                return;
+            }
+            std::thread::sleep(Duration::from_micros(20));
+        }
+    }
+
     /// The MAC of `ip`: known to the RNIC, or asked for by the engine thread (up to
     /// [`RESOLVE`]).
     pub fn resolve(&self, ip: IpAddr) -> Option<Mac> {
@@ -384,6 +412,8 @@ pub fn nic() -> Result<&'static Nic, libc::c_int> {
     NIC.get_or_init(|| match start() {
         Ok(n) => {
             let _ = STARTED.set(n);
+            // SAFETY: registers a function of ours that takes no arguments.
+            unsafe { libc::atexit(drain_at_exit) };
             Some(n)
         }
         Err(msg) => {
@@ -392,6 +422,15 @@ pub fn nic() -> Result<&'static Nic, libc::c_int> {
         }
     })
     .ok_or(libc::ENODEV)
+}
+
+/// At `exit`: the responses every QP still has queued leave first (see
+/// [`Nic::drain_responses`]), as they would from an RNIC whose program exited without
+/// destroying its QPs.
+extern "C" fn drain_at_exit() {
+    if let Some(n) = started() {
+        n.drain_responses(None);
+    }
 }
 
 /// The RNIC if it was started, without starting it.
