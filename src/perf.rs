@@ -103,6 +103,16 @@ pub struct Args {
     /// ECN, CNPs and the reaction point (in process: both ends alike).
     #[command(flatten)]
     cc: crate::datapath::CcArgs,
+    /// In process, bandwidth tests: polling threads. Each device is split into this many
+    /// shards by QPN, one per thread, the QPs dealt out round robin (-q at least N); a frame
+    /// for another thread's QP is steered to that thread.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    threads: usize,
+    /// With --threads: put each connection's server QP on the next thread's shard, so that
+    /// every frame is for another thread and is steered there (what the steering costs; not
+    /// with send).
+    #[arg(long = "steer-every-frame")]
+    steer_every_frame: bool,
 }
 
 pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
@@ -155,6 +165,18 @@ pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
     if size > 1 << 31 {
         return Err("-s: at most 2^31 bytes".into());
     }
+    if a.threads == 0 {
+        return Err("--threads: at least 1".into());
+    }
+    if a.threads > 1 && (a.dev.is_some() || a.lat) {
+        return Err(
+            "--threads N (N > 1) is for in-process bandwidth runs: not with --dev or --lat yet"
+                .into(),
+        );
+    }
+    if a.steer_every_frame && a.threads < 2 {
+        return Err("--steer-every-frame goes with --threads N, N > 1".into());
+    }
     let iters = a.iters.unwrap_or(if a.lat { 1000 } else { 5000 });
     if let Some(dev) = &a.dev {
         return run_remote(a, dev, test, size, mtu);
@@ -176,7 +198,11 @@ pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
     print_header(
         test,
         a.lat,
-        "rocemu (in-process, one engine thread)",
+        &if a.threads > 1 {
+            format!("rocemu (in-process, {} engine threads)", a.threads)
+        } else {
+            "rocemu (in-process, one engine thread)".to_string()
+        },
         (a.qps, a.tx_depth, cq_mod),
         mtu.bytes(),
     );
@@ -215,6 +241,8 @@ pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
             seed: a.imp.impair_seed(),
             qp_timeout: a.qp_timeout,
             cc: cc.clone(),
+            threads: a.threads,
+            b_shard_offset: usize::from(a.steer_every_frame),
         };
         let r = if a.lat {
             perf::run_lat(&o)?
@@ -236,6 +264,12 @@ pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
     let ok = reports.iter().map(checked).filter(|ok| !ok).count() == 0;
     if let Some(r) = reports.last() {
         print_limit(r);
+        if let Some(n) = r.steered {
+            println!(
+                " threads: {}; frames steered to another thread's shard: {n}",
+                a.threads
+            );
+        }
         if a.json {
             println!("{}", r.to_json());
         }

@@ -91,6 +91,13 @@ pub struct Opts {
     pub qp_timeout: u8,
     /// Both ends' congestion control.
     pub cc: rocemu_emulator::rnic::cc::CcConfig,
+    /// Polling threads (`--threads`): each device is this many shards, one per thread, and
+    /// the QPs are dealt out round robin ([`run_bw`]).
+    pub threads: usize,
+    /// Where B's QP of connection q goes: on the shard after A's by this many (0: the same
+    /// index, as the round robin of two devices with the same thread count puts them). Not
+    /// 0, every frame is for another thread's shard and is steered there: for the tests.
+    pub b_shard_offset: usize,
 }
 
 /// The work a byte must cost at least, per the contract: for each MTU-sized chunk of `total`
@@ -143,6 +150,51 @@ struct Bed {
     buf: Vec<u8>,
     start: Instant,
     packets: u64,
+    /// With several threads: this thread's shards are A's and B's shard `k`; frames for a QP
+    /// of another shard go to that shard's thread.
+    steer: Option<Steer>,
+}
+
+/// The steering of one thread's shards (`--threads`): a frame is handed to the shard whose
+/// QP it names (`Rnic::shard_of_frame`, fixed offsets, as a NIC's flow steering) — this
+/// thread's own at once, another's through a queue to that thread (std's `mpsc`, lock-free on
+/// its fast path), whose turn takes it in.
+struct Steer {
+    k: usize,
+    /// To each thread: frames for its A shard, frames for its B shard.
+    to_a: Vec<std::sync::mpsc::Sender<Vec<u8>>>,
+    to_b: Vec<std::sync::mpsc::Sender<Vec<u8>>>,
+    for_a: std::sync::mpsc::Receiver<Vec<u8>>,
+    for_b: std::sync::mpsc::Receiver<Vec<u8>>,
+    /// Buffers of frames taken in, reused for frames sent on (no allocation once warm).
+    spare: Vec<Vec<u8>>,
+    /// Frames this thread sent to another.
+    steered: u64,
+}
+
+impl Steer {
+    /// Hands a frame from A (`to_b`) or B to the shard it is for; returns true if that is
+    /// this thread's own, which the caller then gives it.
+    #[inline]
+    fn route(&mut self, shard: usize, frame: &[u8], to_b: bool) -> bool {
+        if shard == self.k {
+            return true;
+        }
+        let mut v = self.spare.pop().unwrap_or_default();
+        v.clear();
+        v.extend_from_slice(frame);
+        let q = if to_b { &self.to_b } else { &self.to_a };
+        // A thread that is gone has ended its run: nothing waits for the frame.
+        let _ = q[shard].send(v);
+        self.steered += 1;
+        false
+    }
+
+    fn recycle(&mut self, f: Vec<u8>) {
+        if self.spare.len() < 4096 {
+            self.spare.push(f);
+        }
+    }
 }
 
 impl Bed {
@@ -155,7 +207,7 @@ impl Bed {
         let now = self.now();
         let mut moved = 0;
         match (&mut self.ab, &mut self.ba) {
-            (None, None) => {
+            (None, None) if self.steer.is_none() => {
                 // One engine thread, no wire in between: each frame goes straight from one
                 // RNIC's transmit pipeline into the other's receive pipeline.
                 while let Some(n) = self.a.poll_transmit(now, &mut self.buf) {
@@ -165,6 +217,31 @@ impl Bed {
                 while let Some(n) = self.b.poll_transmit(now, &mut self.buf) {
                     self.a.handle_frame_mut(now, &mut self.buf[..n]);
                     moved += 1;
+                }
+            }
+            (None, None) => {
+                let st = self.steer.as_mut().expect("checked above");
+                while let Some(n) = self.a.poll_transmit(now, &mut self.buf) {
+                    let f = &mut self.buf[..n];
+                    if st.route(self.b.shard_of_frame(f), f, true) {
+                        self.b.handle_frame_mut(now, f);
+                    }
+                    moved += 1;
+                }
+                while let Some(n) = self.b.poll_transmit(now, &mut self.buf) {
+                    let f = &mut self.buf[..n];
+                    if st.route(self.a.shard_of_frame(f), f, false) {
+                        self.a.handle_frame_mut(now, f);
+                    }
+                    moved += 1;
+                }
+                while let Ok(mut f) = st.for_b.try_recv() {
+                    self.b.handle_frame_mut(now, &mut f);
+                    st.recycle(f);
+                }
+                while let Ok(mut f) = st.for_a.try_recv() {
+                    self.a.handle_frame_mut(now, &mut f);
+                    st.recycle(f);
                 }
             }
             (Some(ab), Some(ba)) => {
@@ -209,17 +286,38 @@ const RX_DEPTH: usize = 512;
 const RX_BUFS: usize = 16;
 
 fn setup(o: &Opts) -> Result<(Bed, Vec<Conn>), String> {
-    let mut ca = RnicConfig::new(MAC_A, IP_A, o.seed.wrapping_mul(3) | 1);
-    let mut cb = RnicConfig::new(MAC_B, IP_B, o.seed.wrapping_mul(5) | 2);
-    ca.eth_mtu = 9000;
-    cb.eth_mtu = 9000;
-    ca.cc = o.cc.clone();
-    cb.cc = o.cc.clone();
-    let mut a = Rnic::new(ca);
-    let mut b = Rnic::new(cb);
-    a.set_neighbor(IP_B, MAC_B);
-    b.set_neighbor(IP_A, MAC_A);
+    let mut v = setup_shards(o, 1, 0)?;
+    Ok(v.pop().expect("one shard"))
+}
+
+/// Both devices as `n` shards each (one thread's pair per shard), with the QP pairs dealt out
+/// round robin: connection q's A QP on A's shard q mod n, its B QP on B's shard (q + `offset`)
+/// mod n. Returns each shard's bed with the connections whose A QP it has. One shard is the
+/// single-threaded device, object for object as it always was.
+fn setup_shards(o: &Opts, n: usize, offset: usize) -> Result<Vec<(Bed, Vec<Conn>)>, String> {
     let e = |e: VerbsError| e.to_string();
+    let mut a: Vec<Rnic> = Vec::with_capacity(n);
+    let mut b: Vec<Rnic> = Vec::with_capacity(n);
+    for k in 0..n {
+        let shard = Shard {
+            index: k as u32,
+            count: n as u32,
+        };
+        let mut ca = RnicConfig::new(MAC_A, IP_A, o.seed.wrapping_mul(3) | 1);
+        let mut cb = RnicConfig::new(MAC_B, IP_B, o.seed.wrapping_mul(5) | 2);
+        ca.eth_mtu = 9000;
+        cb.eth_mtu = 9000;
+        ca.cc = o.cc.clone();
+        cb.cc = o.cc.clone();
+        ca.shard = shard;
+        cb.shard = shard;
+        let mut ra = Rnic::new(ca);
+        let mut rb = Rnic::new(cb);
+        ra.set_neighbor(IP_B, MAC_B);
+        rb.set_neighbor(IP_A, MAC_A);
+        a.push(ra);
+        b.push(rb);
+    }
     let opts = ConnectOpts {
         mtu: o.mtu,
         timeout: o.qp_timeout,
@@ -231,15 +329,11 @@ fn setup(o: &Opts) -> Result<(Bed, Vec<Conn>), String> {
         ..ConnectOpts::default()
     };
     let msg = o.size.max(8);
-    let mut conns = Vec::new();
-    // As perftest does by default: one PD, one CQ and one MR per side for all QPs. Each QP has
-    // its own region of the MR while they fit in 64 MiB; beyond that regions are shared (their
-    // contents are per region, so verification still holds).
-    let pda = a.alloc_pd();
-    let pdb = b.alloc_pd();
-    let cq_depth = ((o.tx_depth + RX_DEPTH) * 2 * o.qps).min(1 << 20);
-    let cqa = a.create_cq(cq_depth).map_err(e)?;
-    let cqb = b.create_cq(cq_depth).map_err(e)?;
+    // Connections per shard (A's; B's shard k has as many, shifted by the offset).
+    let per = |k: usize| (o.qps + n - 1 - k) / n;
+    // As perftest does by default: one PD, one CQ and one MR per side (per shard) for all its
+    // QPs. Each QP has its own region of the MR while they fit in 64 MiB; beyond that regions
+    // are shared (their contents are per region, so verification still holds).
     // B's receive ring in a SEND test; in a latency test, where B sends from.
     let rx_ring = if o.test == Test::Send {
         msg * RX_BUFS
@@ -250,17 +344,27 @@ fn setup(o: &Opts) -> Result<(Bed, Vec<Conn>), String> {
     };
     let ra = msg * 2 + 64;
     let rb = msg + 64 + rx_ring;
-    let regions = o.qps.min(((64usize << 20) / ra.max(rb)).max(1));
-    let mra = a.reg_mr(pda, ra * regions, Access::ALL).map_err(e)?;
-    let mrb = b.reg_mr(pdb, rb * regions, Access::ALL).map_err(e)?;
-    for r in 0..regions {
-        a.mr_bytes_mut(mra.lkey).unwrap()[r * ra..r * ra + msg]
-            .copy_from_slice(&pattern(1000 + r as u64, msg));
-        b.mr_bytes_mut(mrb.lkey).unwrap()[r * rb..r * rb + msg]
-            .copy_from_slice(&pattern(2000 + r as u64, msg));
-        if matches!(o.test, Test::Atomic { .. }) {
-            b.mr_bytes_mut(mrb.lkey).unwrap()[r * rb..r * rb + 8].fill(0);
+    let mut side = Vec::with_capacity(n);
+    for k in 0..n {
+        let qk = per(k).max(1);
+        let pda = a[k].alloc_pd();
+        let pdb = b[k].alloc_pd();
+        let cq_depth = ((o.tx_depth + RX_DEPTH) * 2 * qk).min(1 << 20);
+        let cqa = a[k].create_cq(cq_depth).map_err(e)?;
+        let cqb = b[k].create_cq(cq_depth).map_err(e)?;
+        let regions = qk.min(((64usize << 20) / ra.max(rb)).max(1));
+        let mra = a[k].reg_mr(pda, ra * regions, Access::ALL).map_err(e)?;
+        let mrb = b[k].reg_mr(pdb, rb * regions, Access::ALL).map_err(e)?;
+        for r in 0..regions {
+            a[k].mr_bytes_mut(mra.lkey).unwrap()[r * ra..r * ra + msg]
+                .copy_from_slice(&pattern(1000 + r as u64, msg));
+            b[k].mr_bytes_mut(mrb.lkey).unwrap()[r * rb..r * rb + msg]
+                .copy_from_slice(&pattern(2000 + r as u64, msg));
+            if matches!(o.test, Test::Atomic { .. }) {
+                b[k].mr_bytes_mut(mrb.lkey).unwrap()[r * rb..r * rb + 8].fill(0);
+            }
         }
+        side.push((pda, pdb, cqa, cqb, mra, mrb, regions));
     }
     let cap = QpCap {
         max_send_wr: o.tx_depth as u32 + 2,
@@ -278,15 +382,21 @@ fn setup(o: &Opts) -> Result<(Bed, Vec<Conn>), String> {
         // perftest's: completions as the work requests ask (CQ moderation).
         sq_sig_all: false,
     };
+    let mut conns: Vec<Vec<Conn>> = (0..n).map(|_| Vec::new()).collect();
     for q in 0..o.qps {
-        let qa = a.create_qp(pda, init(cqa)).map_err(e)?;
-        let qb = b.create_qp(pdb, init(cqb)).map_err(e)?;
+        let (ka, kb) = (q % n, (q + offset) % n);
+        let (pda, _, cqa, _, mra, _, regions) = side[ka];
+        let (_, pdb, _, cqb, _, mrb, _) = side[kb];
+        let qa = a[ka].create_qp(pda, init(cqa)).map_err(e)?;
+        let qb = b[kb].create_qp(pdb, init(cqb)).map_err(e)?;
         let psn_a = Psn::new(o.seed as u32 ^ (q as u32 * 7919));
         let psn_b = Psn::new((o.seed >> 24) as u32 ^ (q as u32 * 104_729));
-        bring_up(&mut a, qa, qb, IP_B, psn_a, psn_b, &opts).map_err(e)?;
-        bring_up(&mut b, qb, qa, IP_A, psn_b, psn_a, &opts).map_err(e)?;
-        let r = q % regions;
-        conns.push(Conn {
+        bring_up(&mut a[ka], qa, qb, IP_B, psn_a, psn_b, &opts).map_err(e)?;
+        bring_up(&mut b[kb], qb, qa, IP_A, psn_b, psn_a, &opts).map_err(e)?;
+        // The same region index on both sides: B's shard kb has the connections of A's shard
+        // ka, in the same order.
+        let r = (q / n) % regions;
+        conns[ka].push(Conn {
             index: r,
             qa,
             qb,
@@ -304,26 +414,55 @@ fn setup(o: &Opts) -> Result<(Bed, Vec<Conn>), String> {
             offb: r * rb,
         });
     }
-    let (ab, ba) = if o.imp.is_none() && o.imp.delay.0 == 0 {
-        (None, None)
-    } else {
-        (
-            Some(Link::new(o.imp, o.seed ^ 0xab)),
-            Some(Link::new(o.imp, o.seed ^ 0xba)),
-        )
-    };
-    Ok((
-        Bed {
-            a,
-            b,
-            ab,
-            ba,
-            buf: vec![0u8; 10_000],
-            start: Instant::now(),
-            packets: 0,
-        },
-        conns,
-    ))
+    let impaired = !(o.imp.is_none() && o.imp.delay.0 == 0);
+    let mut steer = steering(n);
+    let mut out = Vec::with_capacity(n);
+    for ((a, b), c) in a.into_iter().zip(b).zip(conns) {
+        let (ab, ba) = if impaired {
+            (
+                Some(Link::new(o.imp, o.seed ^ 0xab)),
+                Some(Link::new(o.imp, o.seed ^ 0xba)),
+            )
+        } else {
+            (None, None)
+        };
+        out.push((
+            Bed {
+                a,
+                b,
+                ab,
+                ba,
+                buf: vec![0u8; 10_000],
+                start: Instant::now(),
+                packets: 0,
+                steer: if n > 1 { Some(steer.remove(0)) } else { None },
+            },
+            c,
+        ));
+    }
+    Ok(out)
+}
+
+/// The queues between `n` threads' shards (none for one thread): thread k's [`Steer`].
+fn steering(n: usize) -> Vec<Steer> {
+    if n < 2 {
+        return Vec::new();
+    }
+    let (ta, ra): (Vec<_>, Vec<_>) = (0..n).map(|_| std::sync::mpsc::channel()).unzip();
+    let (tb, rb): (Vec<_>, Vec<_>) = (0..n).map(|_| std::sync::mpsc::channel()).unzip();
+    ra.into_iter()
+        .zip(rb)
+        .enumerate()
+        .map(|(k, (for_a, for_b))| Steer {
+            k,
+            to_a: ta.clone(),
+            to_b: tb.clone(),
+            for_a,
+            for_b,
+            spare: Vec::new(),
+            steered: 0,
+        })
+        .collect()
 }
 
 /// The in-process end: A, whose datapath turn is the whole bed's ([`Bed::pump`]), and B's
@@ -488,6 +627,9 @@ fn bw_plan(o: &Opts, cq: CqId) -> BwPlan {
 
 /// A bandwidth run.
 pub fn run_bw(o: &Opts) -> Result<Report, String> {
+    if o.threads > 1 {
+        return run_bw_threads(o);
+    }
     let (mut bed, conns) = setup(o)?;
     let msg_bytes = msg_bytes(o);
     let limit_gbps = measure_limit((msg_bytes * o.iters.min(1 << 20)).max(1), o.mtu.bytes());
@@ -520,6 +662,162 @@ pub fn run_bw(o: &Opts) -> Result<Report, String> {
         r.verify_detail = detail;
     }
     r.counters = both_counters(&end.bed.a, &end.bed.b);
+    Ok(r)
+}
+
+/// What one thread's shards did in a run of several threads.
+struct ShardRun {
+    run: perftest::BwRun,
+    transport: Transport,
+    verified: Option<(bool, String)>,
+    counters: String,
+    steered: u64,
+}
+
+/// Counts a thread out when it ends, whichever way (an error, a panic): the others serve its
+/// peers' QPs on their shards until every thread is out.
+struct Out<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl Drop for Out<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// A bandwidth run on `o.threads` threads: each device split into that many shards
+/// ([`setup_shards`]), thread k turning both devices' shard k and running perftest's loop on
+/// the QPs of A's shard k; the figures are the threads' together (messages and bytes summed,
+/// the longest thread's time, the peaks summed). A thread that is done keeps turning its shards
+/// until all are, since the others' frames may be for its QPs.
+fn run_bw_threads(o: &Opts) -> Result<Report, String> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let n = o.threads;
+    if n > MAX_SHARDS {
+        return Err(format!("--threads {n}: at most {MAX_SHARDS}"));
+    }
+    if o.qps < n {
+        return Err(format!(
+            "--threads {n}: -q {} gives a thread no QP; give at least one QP per thread",
+            o.qps
+        ));
+    }
+    if !(o.imp.is_none() && o.imp.delay.0 == 0) {
+        return Err(
+            "--threads: the in-process impairments run on one thread; leave out --threads".into(),
+        );
+    }
+    if o.test == Test::Send && !o.b_shard_offset.is_multiple_of(n) {
+        return Err(
+            "a SEND run's receivers are on the sender's thread: B's QPs on the same shard".into(),
+        );
+    }
+    let msg_bytes = msg_bytes(o);
+    let limit_gbps = measure_limit((msg_bytes * o.iters.min(1 << 20)).max(1), o.mtu.bytes());
+    let shards = setup_shards(o, n, o.b_shard_offset)?;
+    let ready = std::sync::Barrier::new(n);
+    let out = AtomicUsize::new(0);
+    let results: Vec<Result<ShardRun, String>> = std::thread::scope(|sc| {
+        let handles: Vec<_> = shards
+            .into_iter()
+            .map(|(mut bed, conns)| {
+                let (ready, out) = (&ready, &out);
+                sc.spawn(move || -> Result<ShardRun, String> {
+                    let leaving = Out(out);
+                    let mut qps: Vec<BwQp> = conns.iter().map(|c| bw_qp(o, c)).collect();
+                    ready.wait();
+                    bed.start = Instant::now();
+                    let mut end = InProcess {
+                        bed: &mut bed,
+                        rx: (o.test == Test::Send).then(|| SendReceiver::new(o, &conns)),
+                        first_qa: conns.first().map(|c| c.qa),
+                    };
+                    let run = perftest::bandwidth(&mut end, &bw_plan(o, conns[0].cqa), &mut qps);
+                    let result = run.and_then(|run| {
+                        let transport = Transport::both(
+                            end.bed.packets,
+                            &end.bed.a.counters(),
+                            &end.bed.b.counters(),
+                        );
+                        let verified = if o.verify {
+                            Some(verify(&mut end, o, &conns, &qps, run.errors)?)
+                        } else {
+                            None
+                        };
+                        Ok(ShardRun {
+                            run,
+                            transport,
+                            verified,
+                            counters: both_counters(&end.bed.a, &end.bed.b),
+                            steered: 0,
+                        })
+                    });
+                    drop(leaving);
+                    while out.load(Ordering::SeqCst) < n {
+                        bed.pump();
+                    }
+                    // Everything this thread's shards steered: the run, the verification's
+                    // read-back and the frames of the other threads' runs served after its own.
+                    result.map(|mut r| {
+                        r.steered = bed.steer.as_ref().map_or(0, |s| s.steered);
+                        r
+                    })
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("a polling thread panicked".into()))
+            })
+            .collect()
+    });
+    let mut runs = Vec::with_capacity(n);
+    for r in results {
+        runs.push(r?);
+    }
+    let mut run = perftest::BwRun::default();
+    let mut t = Transport::default();
+    let (mut ok, mut details, mut counters, mut steered) = (true, Vec::new(), Vec::new(), 0);
+    for (k, r) in runs.iter().enumerate() {
+        run.seconds = run.seconds.max(r.run.seconds);
+        run.messages += r.run.messages;
+        run.errors += r.run.errors;
+        run.peak_mbps += r.run.peak_mbps;
+        if run.first_error.is_none() {
+            run.first_error = r.run.first_error.clone();
+        }
+        t.packets += r.transport.packets;
+        t.retransmits += r.transport.retransmits;
+        t.naks += r.transport.naks;
+        t.rnr_naks += r.transport.rnr_naks;
+        t.timeouts += r.transport.timeouts;
+        if let Some((v, d)) = &r.verified {
+            ok &= *v;
+            if !d.is_empty() {
+                details.push(format!("thread {k}: {d}"));
+            }
+        }
+        if !r.counters.is_empty() {
+            counters.push(format!("thread {k}: {}", r.counters));
+        }
+        steered += r.steered;
+    }
+    let shape = RunShape {
+        test: o.test,
+        size: o.size,
+        qps: o.qps,
+        mtu: o.mtu.bytes(),
+        iters: run.messages / o.qps as u64,
+        limit_gbps,
+    };
+    let mut r = perftest::bw_report(&shape, msg_bytes, run, t);
+    if o.verify {
+        r.verified = Some(ok);
+        r.verify_detail = details.join("; ");
+    }
+    r.counters = counters.join("; ");
+    r.steered = Some(steered);
     Ok(r)
 }
 

@@ -330,6 +330,37 @@ fn parse_l3(eth: EthernetRepr, frame: &[u8], l3: usize) -> Result<ParsedFrame<'_
     })
 }
 
+/// The destination QP of a RoCEv2 frame, read at fixed offsets as a NIC's flow steering reads
+/// it (Ethernet, IPv4 with its IHL or IPv6 without extension headers, UDP to port 4791, the
+/// BTH's DestQP), without parsing or checking the rest; `None` for anything else. A frame it
+/// names a QP for may still be malformed: the receive path decides that.
+pub fn dest_qpn(frame: &[u8]) -> Option<Qpn> {
+    let mut l3 = 14;
+    let mut ethertype = u16::from_be_bytes([*frame.get(12)?, *frame.get(13)?]);
+    if ethertype == crate::eth::ETHERTYPE_VLAN {
+        ethertype = u16::from_be_bytes([*frame.get(16)?, *frame.get(17)?]);
+        l3 = 18;
+    }
+    let (proto, l4) = match ethertype {
+        ETHERTYPE_IPV4 => {
+            let ihl = usize::from(frame.get(l3)? & 0x0f) * 4;
+            (*frame.get(l3 + 9)?, l3 + ihl.max(20))
+        }
+        ETHERTYPE_IPV6 => (*frame.get(l3 + 6)?, l3 + 40),
+        _ => return None,
+    };
+    if proto != 17 {
+        return None;
+    }
+    let dport = u16::from_be_bytes([*frame.get(l4 + 2)?, *frame.get(l4 + 3)?]);
+    if dport != ROCEV2_UDP_PORT {
+        return None;
+    }
+    let b = l4 + 8;
+    let q = frame.get(b + 5..b + 8)?;
+    Some(Qpn::new(u32::from_be_bytes([0, q[0], q[1], q[2]])))
+}
+
 /// The UDP source port of a QP without a peer (UD, QP1), as rxe derives it: 0xC000 | the top 14
 /// bits of `qpn × 0x61C88647` (the kernel's `hash_32`). Annex A17.3.2.1 and A17.9.4 only ask that
 /// the port be fixed per flow and drawn from 0xC000..=0xFFFF, so that ECMP keeps a flow on one

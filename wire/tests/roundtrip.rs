@@ -138,6 +138,20 @@ proptest! {
         prop_assert_eq!(again, a);
     }
 
+    /// Flow steering's fixed-offset read names the QP the full parse finds, with or without a
+    /// VLAN tag, over IPv4 and IPv6; cut anywhere before the BTH's DestQP, it names none.
+    #[test]
+    fn steering_reads_the_destination_qp_the_parser_reads((repr, payload) in arb_frame(), cut in 0usize..80) {
+        let a = build(&repr, &payload, 0);
+        let p = parse_frame(&a).unwrap();
+        prop_assert_eq!(rocemu_wire::frame::dest_qpn(&a), Some(p.bth.dqpn));
+        let eth = if p.eth.vlan.is_some() { 18 } else { 14 };
+        let qpn_end = eth + p.ip.header_len() + 8 + 8;
+        if cut < qpn_end {
+            prop_assert_eq!(rocemu_wire::frame::dest_qpn(&a[..cut]), None);
+        }
+    }
+
     #[test]
     fn ethernet_padding_after_the_datagram_is_ignored((repr, payload) in arb_frame(), junk in proptest::collection::vec(any::<u8>(), 1..64)) {
         let a = build(&repr, &payload, 0);

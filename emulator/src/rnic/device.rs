@@ -9,7 +9,7 @@ use super::cc::CcConfig;
 use super::cq::CqTable;
 use super::mr::MemTable;
 use super::qp::Qp;
-use super::qpn::{QpnMap, Slots};
+use super::qpn::{QpnMap, Slots, MAX_SHARDS};
 use super::schedule::TX_BURST;
 use super::srq::SrqTable;
 use super::verbs::*;
@@ -44,6 +44,27 @@ pub struct RnicConfig {
     /// Congestion control: ECN marking, the notification point, the reaction point and its
     /// parameters ([`CcConfig`]: no RP and no ECT marking by default; the NP answers CE marks).
     pub cc: CcConfig,
+    /// Which part of a device this RNIC is when the device runs on several threads: one
+    /// [`Shard`] per polling thread, every shard with the same MAC, addresses and `seed`. The
+    /// QPN space is split between them (see [`Rnic::shard_of_qpn`]); a single-threaded device is
+    /// shard 0 of 1, the default.
+    pub shard: Shard,
+}
+
+/// One of `count` shards of a device (`index` < `count`): it makes only the QPNs whose slot is
+/// `index` modulo `count`, so that any shard tells from a QPN alone which shard has the QP
+/// (the QPN permutation's keys come from the device's seed, the same in every shard); its other
+/// keys (R_Keys, PSNs) come from a stream of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shard {
+    pub index: u32,
+    pub count: u32,
+}
+
+impl Default for Shard {
+    fn default() -> Shard {
+        Shard { index: 0, count: 1 }
+    }
 }
 
 impl RnicConfig {
@@ -56,6 +77,7 @@ impl RnicConfig {
             check_icrc: true,
             emit_icrc: true,
             cc: CcConfig::default(),
+            shard: Shard::default(),
         }
     }
 }
@@ -480,7 +502,22 @@ impl Rnic {
     pub fn new(cfg: RnicConfig) -> Rnic {
         assert!(!cfg.ips.is_empty(), "an RNIC needs at least one address");
         let mut rng = KeyRng::new(&cfg.seed);
-        let qpn_map = QpnMap::new(&mut rng);
+        let sh = cfg.shard;
+        assert!(
+            sh.count >= 1 && sh.index < sh.count && sh.count as usize <= MAX_SHARDS,
+            "shard {} of {}",
+            sh.index,
+            sh.count
+        );
+        let qpn_map = QpnMap::new(&mut rng, sh.index, sh.count);
+        if sh.index > 0 {
+            // Shard 0 keeps the stream a one-shard device has; shard i takes the i-th fork.
+            let mut s = rng.fork();
+            for _ in 1..sh.index {
+                s = rng.fork();
+            }
+            rng = KeyRng::new(&s);
+        }
         let active_mtu = Mtu::for_netdev_mtu(cfg.eth_mtu);
         Rnic {
             dev: Dev {

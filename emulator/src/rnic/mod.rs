@@ -59,8 +59,9 @@ pub mod verbs;
 
 pub use cq::ASYNC_EVENTS_MAX;
 pub(crate) use device::Dev;
-pub use device::{Counters, Rnic, RnicConfig};
+pub use device::{Counters, Rnic, RnicConfig, Shard};
 pub(crate) use modify::{flush, ErrCause};
+pub use qpn::MAX_SHARDS;
 pub(crate) use receive::Packet;
 pub use stats::{QpCounters, QpInfo};
 pub use verbs::*;

@@ -384,6 +384,27 @@ impl Rnic {
         Ok(self.qp(qpn)?.resp_out.len())
     }
 
+    /// Which shard of the device has `qpn` (0 on a device of one shard). QP1's frames, and
+    /// every frame that is not a transport packet, are shard 0's.
+    pub fn shard_of_qpn(&self, qpn: Qpn) -> usize {
+        if qpn == Qpn::GSI {
+            0
+        } else {
+            self.qpn_map.shard_of(qpn)
+        }
+    }
+
+    /// Which shard of the device a received frame is for: its BTH's destination QP's
+    /// ([`Rnic::shard_of_qpn`]), shard 0 for anything else (ARP, neighbour discovery, a frame
+    /// too short or not RoCEv2: shard 0 drops and counts it as a one-shard device would). This
+    /// reads fixed offsets only, as a NIC's flow steering does; the shard parses the frame.
+    pub fn shard_of_frame(&self, frame: &[u8]) -> usize {
+        match rocemu_wire::frame::dest_qpn(frame) {
+            Some(q) => self.shard_of_qpn(q),
+            None => 0,
+        }
+    }
+
     /// How many responses every QP together has queued for the wire: what a program leaving
     /// at once would take with it (see the drop-in's drain at exit).
     pub fn queued_responses_all(&self) -> usize {

@@ -39,15 +39,28 @@ pub(crate) const FREE_RESERVE: usize = 256;
 #[derive(Debug, Clone)]
 pub(crate) struct QpnMap {
     keys: [u64; ROUNDS],
+    /// This shard's index and the device's shard count (see `Shard`): the permutation's slot
+    /// field is `local slot × count + index`.
+    shard: u32,
+    shards: u32,
 }
+
+/// The most shards a device is split into (its slots are shared out between them).
+pub const MAX_SHARDS: usize = 64;
 
 const ROUNDS: usize = 6;
 
 impl QpnMap {
-    pub fn new(rng: &mut KeyRng) -> QpnMap {
+    pub fn new(rng: &mut KeyRng, shard: u32, shards: u32) -> QpnMap {
         QpnMap {
             keys: std::array::from_fn(|_| rng.next_u64()),
+            shard,
+            shards,
         }
+    }
+    /// How many slots this shard has.
+    pub fn max_slots(&self) -> usize {
+        MAX_SLOTS / self.shards as usize
     }
     #[inline]
     fn f(x: u32, k: u64) -> u32 {
@@ -70,13 +83,27 @@ impl QpnMap {
         }
         l << 12 | r
     }
-    /// The QPN of generation `gen` of `slot`.
+    /// The QPN of generation `gen` of this shard's `slot`.
     fn qpn(&self, slot: usize, gen: u8) -> u32 {
-        self.encode(u32::from(gen) << SLOT_BITS | slot as u32)
+        let global = slot as u32 * self.shards + self.shard;
+        self.encode(u32::from(gen) << SLOT_BITS | global)
     }
-    /// The slot `qpn` names, if it were live (the caller checks the QP there has this QPN).
+    /// This shard's slot that `qpn` names, if it were live (the caller checks the QP there has
+    /// this QPN; a QPN of another shard names no slot: `usize::MAX`).
+    #[inline]
     pub fn slot(&self, qpn: Qpn) -> usize {
-        (self.decode(qpn.value()) as usize) & (MAX_SLOTS - 1)
+        let global = self.decode(qpn.value()) & (MAX_SLOTS as u32 - 1);
+        if self.shards == 1 {
+            return global as usize;
+        }
+        if global % self.shards != self.shard {
+            return usize::MAX;
+        }
+        (global / self.shards) as usize
+    }
+    /// Which shard of the device has (or would have) `qpn`.
+    pub fn shard_of(&self, qpn: Qpn) -> usize {
+        ((self.decode(qpn.value()) & (MAX_SLOTS as u32 - 1)) % self.shards) as usize
     }
 }
 
@@ -103,7 +130,9 @@ impl Slots {
     /// fewer than [`FREE_RESERVE`] are free and the table has room, else the longest free.
     /// The caller grows its table to [`Slots::len`].
     pub fn alloc(&mut self, map: &QpnMap, fixed: Option<Qpn>) -> Option<(usize, Qpn)> {
-        let slot = if self.free.len() < FREE_RESERVE && self.gens.len() < MAX_SLOTS {
+        let slot = if self.free.len() < FREE_RESERVE.min(map.max_slots() / 2)
+            && self.gens.len() < map.max_slots()
+        {
             self.gens.push(0);
             self.gens.len() - 1
         } else {
@@ -132,9 +161,38 @@ impl Slots {
 mod tests {
     use super::*;
 
+    /// A device split into shards: every QPN a shard makes is its own by `shard_of` in every
+    /// shard, names its slot in it and no slot in any other; the QPNs of all shards are
+    /// distinct; a shard's slots stop at its share.
+    #[test]
+    fn shards_split_the_qpn_space() {
+        for count in [2u32, 3, 16] {
+            let maps: Vec<QpnMap> = (0..count)
+                .map(|k| QpnMap::new(&mut KeyRng::new(&crate::rng::Seed::from_u64(9)), k, count))
+                .collect();
+            let mut seen = std::collections::HashSet::new();
+            for (k, m) in maps.iter().enumerate() {
+                let mut s = Slots::default();
+                for _ in 0..600 {
+                    let (slot, q) = s.alloc(m, None).unwrap();
+                    assert!(seen.insert(q.value()), "{q:?} made twice");
+                    for (j, o) in maps.iter().enumerate() {
+                        assert_eq!(o.shard_of(q), k);
+                        assert_eq!(o.slot(q), if j == k { slot } else { usize::MAX });
+                    }
+                }
+            }
+            let mut s = Slots::default();
+            let n = (0..)
+                .take_while(|_| s.alloc(&maps[0], None).is_some())
+                .count();
+            assert_eq!(n, MAX_SLOTS / count as usize);
+        }
+    }
+
     #[test]
     fn qpn_map_is_a_permutation_of_the_24_bit_space() {
-        let m = QpnMap::new(&mut KeyRng::new(&crate::rng::Seed::from_u64(3)));
+        let m = QpnMap::new(&mut KeyRng::new(&crate::rng::Seed::from_u64(3)), 0, 1);
         let mut seen = vec![false; 1 << 24];
         for x in 0..1u32 << 24 {
             let y = m.encode(x);
@@ -150,7 +208,7 @@ mod tests {
 
     #[test]
     fn every_generation_of_a_slot_has_its_own_qpn_and_decodes_to_the_slot() {
-        let m = QpnMap::new(&mut KeyRng::new(&crate::rng::Seed::from_u64(5)));
+        let m = QpnMap::new(&mut KeyRng::new(&crate::rng::Seed::from_u64(5)), 0, 1);
         for slot in [0, 1, 77, MAX_SLOTS - 1] {
             let qpns: std::collections::HashSet<u32> =
                 (0..=GEN_MASK).map(|g| m.qpn(slot, g)).collect();
@@ -163,7 +221,7 @@ mod tests {
 
     #[test]
     fn slots_stay_bounded_and_are_reused_in_fifo_order() {
-        let m = QpnMap::new(&mut KeyRng::new(&crate::rng::Seed::from_u64(7)));
+        let m = QpnMap::new(&mut KeyRng::new(&crate::rng::Seed::from_u64(7)), 0, 1);
         let mut s = Slots::default();
         let mut last = Vec::new();
         for _ in 0..100_000 {

@@ -39,6 +39,10 @@ pub struct Report {
     /// The RNICs' counters that point at a problem, as [`crate::failure_counters`] gives
     /// them when the run ended (empty when none moved): printed when the run failed.
     pub counters: String,
+    /// In process with several threads: frames one thread's shard sent to another's QP,
+    /// which the steering handed over, over the whole run (the verification's read-back
+    /// included; not in the JSON, whose keys are the contract's).
+    pub steered: Option<u64>,
 }
 
 impl Report {
@@ -164,6 +168,7 @@ pub(crate) fn bw_report(s: &RunShape, msg_bytes: u64, run: BwRun, t: Transport) 
         bw_peak_mbps: run.peak_mbps,
         lat_us: Vec::new(),
         counters: String::new(),
+        steered: None,
     }
 }
 
