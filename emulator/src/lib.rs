@@ -16,14 +16,16 @@
 //!   ([`engine::Engine::serve_stats`]), and the reader's side.
 //! * [`dma`] reads and writes memory the RNIC does not own (a program's buffer registered with
 //!   [`rnic::Rnic::reg_mr_foreign`]), bounds-checked, through raw pointers only.
+//! * [`cpu`] pins a polling thread to a CPU of its own (`rocemu perf --threads`).
 // Unsafe code only where a kernel interface demands it (`port::af_packet`, `engine::wake`: eventfd
-// and ppoll; `stats::server`: shutdown and atexit) and in the one module
+// and ppoll; `stats::server`: shutdown and atexit; `cpu`: the affinity calls) and in the one module
 // that touches a program's memory (`dma`); the core forbids it.
 #![deny(unsafe_code)]
 
 pub mod api;
 pub mod cm;
 pub mod connect;
+pub mod cpu;
 pub mod dma;
 pub mod engine;
 // The fuzz targets' bodies: only with the `fuzzing` feature (fuzz/, and the corpus tests).

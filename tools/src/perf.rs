@@ -286,19 +286,37 @@ const RX_DEPTH: usize = 512;
 const RX_BUFS: usize = 16;
 
 fn setup(o: &Opts) -> Result<(Bed, Vec<Conn>), String> {
-    let mut v = setup_shards(o, 1, 0)?;
+    let mut v = setup_shards(o, 1, 0, None, Vec::new())?;
     Ok(v.pop().expect("one shard"))
 }
 
 /// Both devices as `n` shards each (one thread's pair per shard), with the QP pairs dealt out
 /// round robin: connection q's A QP on A's shard q mod n, its B QP on B's shard (q + `offset`)
-/// mod n. Returns each shard's bed with the connections whose A QP it has. One shard is the
-/// single-threaded device, object for object as it always was.
-fn setup_shards(o: &Opts, n: usize, offset: usize) -> Result<Vec<(Bed, Vec<Conn>)>, String> {
+/// mod n. Returns each shard's bed with the connections whose A QP it has, each with its
+/// [`Steer`] from `steer` (one per shard built; none for one shard). `only`: build shard k
+/// alone, with its connections (B's QPs on the same shard: `offset` a multiple of n) — on the
+/// thread that will turn it, so that its memory is its own: shards built on one thread had
+/// their hot structures side by side in the allocator's memory, and two threads writing
+/// neighbouring cache lines ran at half speed. One shard is the single-threaded device, object
+/// for object as it always was.
+fn setup_shards(
+    o: &Opts,
+    n: usize,
+    offset: usize,
+    only: Option<usize>,
+    mut steer: Vec<Steer>,
+) -> Result<Vec<(Bed, Vec<Conn>)>, String> {
+    assert!(only.is_none() || offset.is_multiple_of(n));
     let e = |e: VerbsError| e.to_string();
+    let shards: Vec<usize> = match only {
+        Some(k) => vec![k],
+        None => (0..n).collect(),
+    };
+    // Shard k's place in the vectors below.
+    let at = |k: usize| if only.is_some() { 0 } else { k };
     let mut a: Vec<Rnic> = Vec::with_capacity(n);
     let mut b: Vec<Rnic> = Vec::with_capacity(n);
-    for k in 0..n {
+    for &k in &shards {
         let shard = Shard {
             index: k as u32,
             count: n as u32,
@@ -345,23 +363,23 @@ fn setup_shards(o: &Opts, n: usize, offset: usize) -> Result<Vec<(Bed, Vec<Conn>
     let ra = msg * 2 + 64;
     let rb = msg + 64 + rx_ring;
     let mut side = Vec::with_capacity(n);
-    for k in 0..n {
+    for (i, &k) in shards.iter().enumerate() {
         let qk = per(k).max(1);
-        let pda = a[k].alloc_pd();
-        let pdb = b[k].alloc_pd();
+        let pda = a[i].alloc_pd();
+        let pdb = b[i].alloc_pd();
         let cq_depth = ((o.tx_depth + RX_DEPTH) * 2 * qk).min(1 << 20);
-        let cqa = a[k].create_cq(cq_depth).map_err(e)?;
-        let cqb = b[k].create_cq(cq_depth).map_err(e)?;
+        let cqa = a[i].create_cq(cq_depth).map_err(e)?;
+        let cqb = b[i].create_cq(cq_depth).map_err(e)?;
         let regions = qk.min(((64usize << 20) / ra.max(rb)).max(1));
-        let mra = a[k].reg_mr(pda, ra * regions, Access::ALL).map_err(e)?;
-        let mrb = b[k].reg_mr(pdb, rb * regions, Access::ALL).map_err(e)?;
+        let mra = a[i].reg_mr(pda, ra * regions, Access::ALL).map_err(e)?;
+        let mrb = b[i].reg_mr(pdb, rb * regions, Access::ALL).map_err(e)?;
         for r in 0..regions {
-            a[k].mr_bytes_mut(mra.lkey).unwrap()[r * ra..r * ra + msg]
+            a[i].mr_bytes_mut(mra.lkey).unwrap()[r * ra..r * ra + msg]
                 .copy_from_slice(&pattern(1000 + r as u64, msg));
-            b[k].mr_bytes_mut(mrb.lkey).unwrap()[r * rb..r * rb + msg]
+            b[i].mr_bytes_mut(mrb.lkey).unwrap()[r * rb..r * rb + msg]
                 .copy_from_slice(&pattern(2000 + r as u64, msg));
             if matches!(o.test, Test::Atomic { .. }) {
-                b[k].mr_bytes_mut(mrb.lkey).unwrap()[r * rb..r * rb + 8].fill(0);
+                b[i].mr_bytes_mut(mrb.lkey).unwrap()[r * rb..r * rb + 8].fill(0);
             }
         }
         side.push((pda, pdb, cqa, cqb, mra, mrb, regions));
@@ -382,9 +400,13 @@ fn setup_shards(o: &Opts, n: usize, offset: usize) -> Result<Vec<(Bed, Vec<Conn>
         // perftest's: completions as the work requests ask (CQ moderation).
         sq_sig_all: false,
     };
-    let mut conns: Vec<Vec<Conn>> = (0..n).map(|_| Vec::new()).collect();
+    let mut conns: Vec<Vec<Conn>> = shards.iter().map(|_| Vec::new()).collect();
     for q in 0..o.qps {
         let (ka, kb) = (q % n, (q + offset) % n);
+        if only.is_some_and(|k| k != ka) {
+            continue;
+        }
+        let (ka, kb) = (at(ka), at(kb));
         let (pda, _, cqa, _, mra, _, regions) = side[ka];
         let (_, pdb, _, cqb, _, mrb, _) = side[kb];
         let qa = a[ka].create_qp(pda, init(cqa)).map_err(e)?;
@@ -415,7 +437,6 @@ fn setup_shards(o: &Opts, n: usize, offset: usize) -> Result<Vec<(Bed, Vec<Conn>
         });
     }
     let impaired = !(o.imp.is_none() && o.imp.delay.0 == 0);
-    let mut steer = steering(n);
     let mut out = Vec::with_capacity(n);
     for ((a, b), c) in a.into_iter().zip(b).zip(conns) {
         let (ab, ba) = if impaired {
@@ -435,7 +456,11 @@ fn setup_shards(o: &Opts, n: usize, offset: usize) -> Result<Vec<(Bed, Vec<Conn>
                 buf: vec![0u8; 10_000],
                 start: Instant::now(),
                 packets: 0,
-                steer: if n > 1 { Some(steer.remove(0)) } else { None },
+                steer: if steer.is_empty() {
+                    None
+                } else {
+                    Some(steer.remove(0))
+                },
             },
             c,
         ));
@@ -713,18 +738,45 @@ fn run_bw_threads(o: &Opts) -> Result<Report, String> {
     }
     let msg_bytes = msg_bytes(o);
     let limit_gbps = measure_limit((msg_bytes * o.iters.min(1 << 20)).max(1), o.mtu.bytes());
-    let shards = setup_shards(o, n, o.b_shard_offset)?;
+    // Each thread builds its own shards where it can (B's QPs on A's shard): see
+    // `setup_shards`. Otherwise this thread builds them all.
+    let local = o.b_shard_offset.is_multiple_of(n);
+    let mut built: Vec<Option<(Bed, Vec<Conn>)>> = if local {
+        (0..n).map(|_| None).collect()
+    } else {
+        setup_shards(o, n, o.b_shard_offset, None, steering(n))?
+            .into_iter()
+            .map(Some)
+            .collect()
+    };
+    let mut steers: Vec<Option<Steer>> = if local {
+        steering(n).into_iter().map(Some).collect()
+    } else {
+        (0..n).map(|_| None).collect()
+    };
     let ready = std::sync::Barrier::new(n);
     let out = AtomicUsize::new(0);
     let results: Vec<Result<ShardRun, String>> = std::thread::scope(|sc| {
-        let handles: Vec<_> = shards
-            .into_iter()
-            .map(|(mut bed, conns)| {
+        let handles: Vec<_> = (0..n)
+            .map(|k| {
                 let (ready, out) = (&ready, &out);
+                let (shard, steer) = (built[k].take(), steers[k].take());
                 sc.spawn(move || -> Result<ShardRun, String> {
                     let leaving = Out(out);
-                    let mut qps: Vec<BwQp> = conns.iter().map(|c| bw_qp(o, c)).collect();
+                    // A CPU of its own, as an lcore: started on the parent's CPU, two threads
+                    // shared it until the scheduler moved one (a third of a short run).
+                    let _ = rocemu_emulator::cpu::pin_to_nth_allowed(k);
+                    let shard = match (shard, steer) {
+                        (Some(s), _) => Ok(s),
+                        (None, steer) => {
+                            setup_shards(o, n, 0, Some(k), steer.into_iter().collect())
+                                .map(|mut v| v.pop().expect("one shard"))
+                        }
+                    };
+                    // Every thread reaches the start, whether its set-up worked or not.
                     ready.wait();
+                    let (mut bed, conns) = shard?;
+                    let mut qps: Vec<BwQp> = conns.iter().map(|c| bw_qp(o, c)).collect();
                     bed.start = Instant::now();
                     let mut end = InProcess {
                         bed: &mut bed,
