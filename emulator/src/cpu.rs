@@ -1,8 +1,6 @@
-//! Pinning a polling thread to a CPU of its own, as DPDK pins an lcore: a thread that the
-//! scheduler starts on its parent's CPU shares that CPU with its sibling until load balancing
-//! moves it (milliseconds), which a short benchmark run of several polling threads feels
-//! (`rocemu perf --threads 2`, 40,000 messages a thread: one thread took 0.029 s, the other
-//! 0.019, before the threads were pinned).
+//! Pinning a polling thread to a CPU of its own, as DPDK pins an lcore: a new thread starts on
+//! its parent's CPU and shares it with its sibling until the scheduler's load balancing moves
+//! one of them, and a polling thread that the scheduler moves loses its caches.
 #![allow(unsafe_code)]
 
 /// Pins the calling thread to the `k`-th CPU (modulo their number) of the CPUs the calling

@@ -796,8 +796,7 @@ fn run_bw_threads(o: &Opts) -> Result<Report, String> {
                 let (shard, steer) = (built[k].take(), steers[k].take());
                 sc.spawn(move || -> Result<ShardRun, String> {
                     let leaving = Out(out);
-                    // A CPU of its own, as an lcore: started on the parent's CPU, two threads
-                    // shared it until the scheduler moved one (a third of a short run).
+                    // A CPU of its own, as an lcore (see `rocemu_emulator::cpu`).
                     let _ = rocemu_emulator::cpu::pin_to_nth_allowed(k);
                     let shard = match (shard, steer) {
                         (Some(s), _) => Ok(s),
