@@ -55,6 +55,13 @@ const RESOLVE: Duration = Duration::from_secs(5);
 /// burst's worth of frames leaves in microseconds; a QP whose responses cannot leave (no
 /// route, the port refusing) holds its program no longer than this.
 const DRAIN: Duration = Duration::from_millis(50);
+/// At exit on a DPDK port: how long after the last frame sent the port stays up. A frame
+/// handed to a process-bound virtual device (net_memif's shared ring) is gone with the process
+/// unless the peer has read it: ibv_ud_pingpong's server sent its last reply, saw its
+/// completion and exited, and the client waited for that reply until killed (one run in four of
+/// the memif rows). The kernel keeps what AF_PACKET and AF_XDP hand it; a NIC sends what is on
+/// its ring whatever its process does.
+const LINGER: Duration = Duration::from_millis(50);
 /// Vendor id: an OUI with the locally administered bit set (0x52 = 0101 0010b), which the IEEE
 /// never assigns, so no table of known devices (perftest's) has it.
 pub const VENDOR_ID: u32 = 0x52_4f_45;
@@ -268,6 +275,15 @@ pub struct Nic {
     /// `async_fd` is a duplicate of it.
     pub async_efd: libc::c_int,
     pub node_guid: u64,
+    /// Set at exit ([`drain_at_exit`]): the engine thread then hands the port what it holds
+    /// after every turn and says in `flushed` whether anything is left.
+    exiting: std::sync::atomic::AtomicBool,
+    flushed: std::sync::atomic::AtomicBool,
+    /// When the engine last sent a frame (nanoseconds since `epoch`).
+    last_tx: AtomicU64,
+    epoch: Instant,
+    /// The port is DPDK's: frames on it may leave with the process (see [`LINGER`]).
+    lingers: bool,
 }
 
 /// The link-local IPv6 address of `mac` (modified EUI-64), as Linux makes it.
@@ -428,8 +444,22 @@ pub fn nic() -> Result<&'static Nic, libc::c_int> {
 /// [`Nic::drain_responses`]), as they would from an RNIC whose program exited without
 /// destroying its QPs.
 extern "C" fn drain_at_exit() {
-    if let Some(n) = started() {
-        n.drain_responses(None);
+    let Some(n) = started() else { return };
+    n.drain_responses(None);
+    // What the port still holds (a PMD that refused part of a burst) goes first.
+    n.exiting.store(true, Ordering::SeqCst);
+    n.bell.ring();
+    let deadline = Instant::now() + DRAIN;
+    while !n.flushed.load(Ordering::SeqCst) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_micros(50));
+    }
+    if n.lingers {
+        let sent = Duration::from_nanos(n.last_tx.load(Ordering::Relaxed));
+        let until = n.epoch + sent + LINGER;
+        let now = Instant::now();
+        if sent > Duration::ZERO && until > now {
+            std::thread::sleep(until - now);
+        }
     }
 }
 
@@ -587,6 +617,11 @@ fn open_nic() -> Result<Opened, String> {
         eth_mtu,
         async_efd: efd,
         node_guid: guid_of(mac),
+        exiting: std::sync::atomic::AtomicBool::new(false),
+        flushed: std::sync::atomic::AtomicBool::new(false),
+        last_tx: AtomicU64::new(0),
+        epoch: Instant::now(),
+        lingers: cfg.dev.starts_with("dpdk:"),
     }));
     Ok((nic, engine, guard))
 }
@@ -650,6 +685,7 @@ fn run(
     _guard: Option<rocemu_emulator::port::af_packet::KernelGuard>,
 ) {
     let mut asking: Vec<Asking> = Vec::new();
+    let mut sent = engine.port_stats().tx_frames;
     loop {
         // Let a waiting verb in first: spin a little (not yield: that may hand the core to an
         // always-runnable program thread for a whole time slice), bounded so that a verb
@@ -704,8 +740,20 @@ fn run(
             }
             deliver_async_events(nic, g);
             crate::verbs::deliver_cq_events(g);
+            if nic.exiting.load(Ordering::Relaxed) {
+                let clear = engine.flush() && !g.rnic.wants_transmit();
+                nic.flushed.store(clear, Ordering::SeqCst);
+            }
             w
         };
+        if w > 0 {
+            let tx = engine.port_stats().tx_frames;
+            if tx != sent {
+                sent = tx;
+                nic.last_tx
+                    .store(nic.epoch.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            }
+        }
         engine.idle(w);
     }
 }
