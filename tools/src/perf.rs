@@ -691,36 +691,39 @@ pub fn run_bw(o: &Opts) -> Result<Report, String> {
     let (mut bed, conns) = setup(o)?;
     let msg_bytes = msg_bytes(o);
     let limit_gbps = measure_limit((msg_bytes * o.iters.min(1 << 20)).max(1), o.mtu.bytes());
+    let run = run_on_bed(o, &mut bed, &conns)?;
+    Ok(bw_report_of(o, limit_gbps, vec![run], None))
+}
+
+/// perftest's bandwidth loop over A's QPs of `conns` on `bed`, then `--verify`: what one
+/// thread did, the only one or one of several. The transport's figures are taken before the
+/// verification's read-back.
+fn run_on_bed(o: &Opts, bed: &mut Bed, conns: &[Conn]) -> Result<ShardRun, String> {
     let mut qps: Vec<BwQp> = conns.iter().map(|c| bw_qp(o, c)).collect();
     bed.start = Instant::now();
     let mut end = InProcess {
-        bed: &mut bed,
-        rx: (o.test == Test::Send).then(|| SendReceiver::new(o, &conns)),
+        bed,
+        rx: (o.test == Test::Send).then(|| SendReceiver::new(o, conns)),
         first_qa: conns.first().map(|c| c.qa),
     };
     let run = perftest::bandwidth(&mut end, &bw_plan(o, conns[0].cqa), &mut qps)?;
-    let shape = RunShape {
-        test: o.test,
-        size: o.size,
-        qps: o.qps,
-        mtu: o.mtu.bytes(),
-        iters: run.messages / o.qps as u64,
-        limit_gbps,
-    };
-    let t = Transport::both(
+    let transport = Transport::both(
         end.bed.packets,
         &end.bed.a.counters(),
         &end.bed.b.counters(),
     );
-    let errors = run.errors;
-    let mut r = perftest::bw_report(&shape, msg_bytes, run, t);
-    if o.verify {
-        let (ok, detail) = verify(&mut end, o, &conns, &qps, errors)?;
-        r.verified = Some(ok);
-        r.verify_detail = detail;
-    }
-    r.counters = both_counters(&end.bed.a, &end.bed.b);
-    Ok(r)
+    let verified = if o.verify {
+        Some(verify(&mut end, o, conns, &qps, run.errors)?)
+    } else {
+        None
+    };
+    Ok(ShardRun {
+        run,
+        transport,
+        verified,
+        counters: both_counters(&end.bed.a, &end.bed.b),
+        steered: 0,
+    })
 }
 
 /// What one thread's shards did in a run of several threads.
@@ -808,33 +811,7 @@ fn run_bw_threads(o: &Opts) -> Result<Report, String> {
                     // Every thread reaches the start, whether its set-up worked or not.
                     ready.wait();
                     let (mut bed, conns) = shard?;
-                    let mut qps: Vec<BwQp> = conns.iter().map(|c| bw_qp(o, c)).collect();
-                    bed.start = Instant::now();
-                    let mut end = InProcess {
-                        bed: &mut bed,
-                        rx: (o.test == Test::Send).then(|| SendReceiver::new(o, &conns)),
-                        first_qa: conns.first().map(|c| c.qa),
-                    };
-                    let run = perftest::bandwidth(&mut end, &bw_plan(o, conns[0].cqa), &mut qps);
-                    let result = run.and_then(|run| {
-                        let transport = Transport::both(
-                            end.bed.packets,
-                            &end.bed.a.counters(),
-                            &end.bed.b.counters(),
-                        );
-                        let verified = if o.verify {
-                            Some(verify(&mut end, o, &conns, &qps, run.errors)?)
-                        } else {
-                            None
-                        };
-                        Ok(ShardRun {
-                            run,
-                            transport,
-                            verified,
-                            counters: both_counters(&end.bed.a, &end.bed.b),
-                            steered: 0,
-                        })
-                    });
+                    let result = run_on_bed(o, &mut bed, &conns);
                     drop(leaving);
                     while out.load(Ordering::SeqCst) < n {
                         bed.pump();
@@ -860,16 +837,32 @@ fn run_bw_threads(o: &Opts) -> Result<Report, String> {
     for r in results {
         runs.push(r?);
     }
+    let steered = runs.iter().map(|r| r.steered).sum();
+    Ok(bw_report_of(o, limit_gbps, runs, Some(steered)))
+}
+
+/// The report of a run on one thread or several together: messages and bytes summed, the
+/// longest thread's time, the peaks summed, the first error; with several threads each
+/// thread's verification detail and counters say whose they are.
+fn bw_report_of(o: &Opts, limit_gbps: f64, runs: Vec<ShardRun>, steered: Option<u64>) -> Report {
+    let several = runs.len() > 1;
+    let whose = |k: usize, s: &str| {
+        if several {
+            format!("thread {k}: {s}")
+        } else {
+            s.to_string()
+        }
+    };
     let mut run = perftest::BwRun::default();
     let mut t = Transport::default();
-    let (mut ok, mut details, mut counters, mut steered) = (true, Vec::new(), Vec::new(), 0);
-    for (k, r) in runs.iter().enumerate() {
+    let (mut ok, mut details, mut counters) = (true, Vec::new(), Vec::new());
+    for (k, r) in runs.into_iter().enumerate() {
         run.seconds = run.seconds.max(r.run.seconds);
         run.messages += r.run.messages;
         run.errors += r.run.errors;
         run.peak_mbps += r.run.peak_mbps;
         if run.first_error.is_none() {
-            run.first_error = r.run.first_error.clone();
+            run.first_error = r.run.first_error;
         }
         t.packets += r.transport.packets;
         t.retransmits += r.transport.retransmits;
@@ -879,13 +872,12 @@ fn run_bw_threads(o: &Opts) -> Result<Report, String> {
         if let Some((v, d)) = &r.verified {
             ok &= *v;
             if !d.is_empty() {
-                details.push(format!("thread {k}: {d}"));
+                details.push(whose(k, d));
             }
         }
         if !r.counters.is_empty() {
-            counters.push(format!("thread {k}: {}", r.counters));
+            counters.push(whose(k, &r.counters));
         }
-        steered += r.steered;
     }
     let shape = RunShape {
         test: o.test,
@@ -895,14 +887,14 @@ fn run_bw_threads(o: &Opts) -> Result<Report, String> {
         iters: run.messages / o.qps as u64,
         limit_gbps,
     };
-    let mut r = perftest::bw_report(&shape, msg_bytes, run, t);
+    let mut r = perftest::bw_report(&shape, msg_bytes(o), run, t);
     if o.verify {
         r.verified = Some(ok);
         r.verify_detail = details.join("; ");
     }
     r.counters = counters.join("; ");
-    r.steered = Some(steered);
-    Ok(r)
+    r.steered = steered;
+    r
 }
 
 /// [`crate::failure_counters`] of the two in-process RNICs.

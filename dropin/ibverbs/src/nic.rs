@@ -276,7 +276,8 @@ pub struct Nic {
     pub async_efd: libc::c_int,
     pub node_guid: u64,
     /// Set at exit ([`drain_at_exit`]): the engine thread then hands the port what it holds
-    /// after every turn and says in `flushed` whether anything is left.
+    /// after every turn and says in `flushed` whether anything is left, in the port or to be
+    /// sent by the RNIC (a QP with a queued response is on the transmit schedule).
     exiting: std::sync::atomic::AtomicBool,
     flushed: std::sync::atomic::AtomicBool,
     /// When the engine last sent a frame (nanoseconds since `epoch`).
@@ -362,23 +363,16 @@ impl Nic {
         g
     }
 
-    /// Waits (up to [`DRAIN`]) until the responses that `qpn` (every QP: `None`) has queued
-    /// for the wire — ACKs, NAKs, read and atomic responses — are sent, the engine woken to
-    /// send them. An RNIC acknowledges what it received whatever its program does next; here
+    /// Waits (up to [`DRAIN`]) until the responses that `qpn` has queued for the wire — ACKs,
+    /// NAKs, read and atomic responses — are sent, the engine woken to send them. An RNIC acknowledges what it received whatever its program does next; here
     /// the engine sends in bursts, and a program that saw its last receive completion and
     /// destroyed the QP (or exited) at once took the ACK of that message with it: its peer
     /// retried into a QP that was gone and failed with "transport retry counter exceeded"
     /// (ibv_srq_pingpong on one core, one run in two).
-    pub fn drain_responses(&self, qpn: Option<rocemu_wire::Qpn>) {
+    pub fn drain_responses(&self, qpn: rocemu_wire::Qpn) {
         let deadline = Instant::now() + DRAIN;
         loop {
-            let left = {
-                let g = self.lock();
-                match qpn {
-                    Some(q) => g.rnic.queued_responses(q).unwrap_or(0),
-                    None => g.rnic.queued_responses_all(),
-                }
-            };
+            let left = self.lock().rnic.queued_responses(qpn).unwrap_or(0);
             if left == 0 || Instant::now() >= deadline {
                 return;
             }
@@ -440,13 +434,12 @@ pub fn nic() -> Result<&'static Nic, libc::c_int> {
     .ok_or(libc::ENODEV)
 }
 
-/// At `exit`: the responses every QP still has queued leave first (see
-/// [`Nic::drain_responses`]), as they would from an RNIC whose program exited without
-/// destroying its QPs.
+/// At `exit`: what every QP still has to send (the responses of [`Nic::drain_responses`]
+/// among it) and what the port still holds (a PMD that refused part of a burst) leave first,
+/// up to [`DRAIN`], as they would from an RNIC whose program exited without destroying its
+/// QPs; then a DPDK port lingers (see [`LINGER`]).
 extern "C" fn drain_at_exit() {
     let Some(n) = started() else { return };
-    n.drain_responses(None);
-    // What the port still holds (a PMD that refused part of a burst) goes first.
     n.exiting.store(true, Ordering::SeqCst);
     n.bell.ring();
     let deadline = Instant::now() + DRAIN;
@@ -685,7 +678,11 @@ fn run(
     _guard: Option<rocemu_emulator::port::af_packet::KernelGuard>,
 ) {
     let mut asking: Vec<Asking> = Vec::new();
-    let mut sent = engine.port_stats().tx_frames;
+    let mut sent = if nic.lingers {
+        engine.port_stats().tx_frames
+    } else {
+        0
+    };
     loop {
         // Let a waiting verb in first: spin a little (not yield: that may hand the core to an
         // always-runnable program thread for a whole time slice), bounded so that a verb
@@ -746,7 +743,9 @@ fn run(
             }
             w
         };
-        if w > 0 {
+        // Only a port that lingers at exit needs the time of its last frame (a port's
+        // statistics may cost a system call: AF_XDP's).
+        if nic.lingers && w > 0 {
             let tx = engine.port_stats().tx_frames;
             if tx != sent {
                 sent = tx;

@@ -1253,7 +1253,7 @@ pub extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     // leaves before the QP goes.
     if let (false, Some(n)) = (qp.is_null(), nic::started()) {
         // SAFETY: a live QP of ours (the verbs' contract, as `destroy` below relies on).
-        n.drain_responses(Some(unsafe { (*(qp as *mut Qp)).qpn }));
+        n.drain_responses(unsafe { (*(qp as *mut Qp)).qpn });
     }
     // SAFETY: a QP from create_qp (every ibv_qp we hand out is a Qp).
     unsafe {

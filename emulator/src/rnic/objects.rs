@@ -405,12 +405,6 @@ impl Rnic {
         }
     }
 
-    /// How many responses every QP together has queued for the wire: what a program leaving
-    /// at once would take with it (see the drop-in's drain at exit).
-    pub fn queued_responses_all(&self) -> usize {
-        self.qps.iter().flatten().map(|q| q.resp_out.len()).sum()
-    }
-
     pub fn qp_type(&self, qpn: Qpn) -> Result<QpType, VerbsError> {
         Ok(self.qp(qpn)?.qp_type)
     }
