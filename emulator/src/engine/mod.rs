@@ -123,6 +123,8 @@ struct State {
     /// Frames were left to send at the end of the last turn (the port refused them: a full
     /// socket buffer): an idle wait also ends when the port can take more.
     tx_backlog: bool,
+    /// The port held refused frames after the last transmit burst (`Port::tx_held`).
+    tx_held: bool,
     /// The port's `tx_dropped` and `link_downed` as last handed to the RNIC's `send_err` and
     /// `link_downed`.
     port_faults_seen: (u64, u64),
@@ -170,6 +172,7 @@ impl Engine {
                 strategy: IdleStrategy::default(),
                 deadline: None,
                 tx_backlog: false,
+                tx_held: false,
                 port_faults_seen: (ps.tx_dropped, ps.link_downed),
                 nap: WAKE_NAP_MIN,
                 nap_max: WAKE_NAP_MAX,
@@ -271,10 +274,13 @@ impl Engine {
             rnic.handle_timeout(now);
             work += 1;
         }
-        if !st.ctl.is_empty() || rnic.wants_transmit() {
+        // Frames the driver refused last turn are offered again now (tx_burst sends them
+        // first), not only when the RNIC has a new one.
+        if !st.ctl.is_empty() || rnic.wants_transmit() || st.tx_held {
             work += self
                 .port
                 .tx_burst(BURST, &mut |buf| st.transmit(rnic, now, buf));
+            st.tx_held = self.port.tx_held();
         }
         // What the port refused or saw (a copy of its counters: cheap on every port) becomes
         // the RNIC's send_err and link_downed, as rxe counts them.
@@ -289,7 +295,7 @@ impl Engine {
         }
         // After transmitting: what was sent may have armed a retransmit timer.
         st.deadline = rnic.poll_timeout();
-        st.tx_backlog = !st.ctl.is_empty() || rnic.wants_transmit();
+        st.tx_backlog = !st.ctl.is_empty() || rnic.wants_transmit() || st.tx_held;
         if let Some(s) = &self.stats {
             if s.pending() {
                 s.answer(rnic, &st.stats, &self.port.stats());

@@ -719,6 +719,13 @@ impl Port for AfPacketPort {
         }
     }
 
+    fn tx_held(&self) -> bool {
+        match &self.io {
+            Io::Rings(r) => r.held(),
+            Io::Mmsg(m) => m.tx_head < m.tx_count,
+        }
+    }
+
     fn mac(&self) -> Mac {
         self.mac
     }

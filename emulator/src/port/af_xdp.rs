@@ -223,6 +223,10 @@ impl Port for AfXdpPort {
         self.xsk.flush()
     }
 
+    fn tx_held(&self) -> bool {
+        self.xsk.held()
+    }
+
     fn mac(&self) -> Mac {
         self.neighbours.mac()
     }

@@ -37,6 +37,10 @@ macro_rules! inner_port_info {
         fn name(&self) -> String {
             self.$inner.name()
         }
+
+        fn tx_held(&self) -> bool {
+            self.$inner.tx_held()
+        }
     };
 }
 

@@ -86,6 +86,14 @@ pub trait Port {
         true
     }
 
+    /// True while the port holds frames its driver refused (see [`Port::tx_burst`]). The
+    /// engine then offers a burst every turn, so that they go as soon as the driver takes
+    /// them rather than with the RNIC's next frame: an ACK or a retransmission held until a
+    /// retransmit timer fires would cost the peer that timeout.
+    fn tx_held(&self) -> bool {
+        false
+    }
+
     /// The port's MAC address.
     fn mac(&self) -> Mac;
 

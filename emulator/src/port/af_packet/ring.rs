@@ -350,6 +350,11 @@ impl Rings {
         n
     }
 
+    /// True while slots are requested that the kernel has not sent (it refused the last kick).
+    pub(super) fn held(&self) -> bool {
+        self.tx_waiting
+    }
+
     /// Asks the kernel to send the requested slots; true when none is left waiting.
     pub(super) fn kick(&mut self, fd: &OwnedFd, stats: &mut PortStats) -> bool {
         if !self.tx_waiting {

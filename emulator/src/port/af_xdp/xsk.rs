@@ -527,10 +527,29 @@ impl Xsk {
         if n > 0 {
             self.tx.submit();
         }
-        if self.tx.outstanding() > 0 {
-            self.kick();
-        }
+        self.push();
         (n, bytes)
+    }
+
+    /// Kicks while the kernel takes frames off the TX ring (copy mode takes at most 32 a
+    /// call and says EAGAIN when more remain); stops when it is empty or a kick took nothing:
+    /// the kernel refuses for now (a veth whose peer has not drained its queue), and
+    /// [`Xsk::held`] says so until a later kick gets them through.
+    fn push(&mut self) {
+        let mut left = self.tx.outstanding();
+        while left > 0 {
+            self.kick();
+            let now = self.tx.outstanding();
+            if self.zerocopy || now >= left {
+                break;
+            }
+            left = now;
+        }
+    }
+
+    /// True while frames are on the TX ring that the kernel has not taken.
+    pub(super) fn held(&self) -> bool {
+        self.tx.outstanding() > 0
     }
 
     /// Asks the kernel to send what is on the TX ring (copy mode sends in the system call,
