@@ -58,6 +58,15 @@ pub(crate) enum Backing {
     Owned(Vec<u8>),
     /// The program's memory (`reg_mr_foreign`): reached only through [`crate::dma`].
     Foreign(ForeignMem),
+    /// No memory (`reg_mr_null`): this many bytes of address space whose writes are discarded
+    /// and whose reads give zeros.
+    Null(u64),
+}
+
+/// `off..off + n` inside a null region of `len` bytes.
+#[inline]
+fn null_inside(len: u64, off: usize, n: usize) -> bool {
+    (off as u64).checked_add(n as u64).is_some_and(|e| e <= len)
 }
 
 // The foreign copies out of line: the owned path (every in-process tool's hot loop) stays as
@@ -102,6 +111,13 @@ impl Backing {
                 None => false,
             },
             Backing::Foreign(f) => foreign_read(f, off, out),
+            Backing::Null(len) => {
+                let inside = null_inside(*len, off, out.len());
+                if inside {
+                    out.fill(0);
+                }
+                inside
+            }
         }
     }
 
@@ -119,6 +135,7 @@ impl Backing {
                 }
             }
             Backing::Foreign(f) => foreign_write(f, off, data),
+            Backing::Null(len) => null_inside(*len, off, data.len()),
         }
     }
 
@@ -156,6 +173,7 @@ impl Backing {
                     }
                 }
             }
+            Backing::Null(len) => null_inside(*len, off, 8).then_some(0),
         }
     }
 
@@ -163,14 +181,14 @@ impl Backing {
     pub fn owned(&self) -> Option<&[u8]> {
         match self {
             Backing::Owned(v) => Some(v),
-            Backing::Foreign(_) => None,
+            Backing::Foreign(_) | Backing::Null(_) => None,
         }
     }
 
     pub fn owned_mut(&mut self) -> Option<&mut [u8]> {
         match self {
             Backing::Owned(v) => Some(v),
-            Backing::Foreign(_) => None,
+            Backing::Foreign(_) | Backing::Null(_) => None,
         }
     }
 }
@@ -268,6 +286,7 @@ impl MemTable {
         let length = match &data {
             Backing::Owned(v) => v.len() as u64,
             Backing::Foreign(f) => f.len() as u64,
+            Backing::Null(len) => *len,
         };
         let lkey = self.fresh_key(rng);
         let rkey = self.fresh_key(rng);

@@ -76,6 +76,30 @@ impl Rnic {
             .register(&mut self.dev.rng, pd, addr, length as u64, access))
     }
 
+    /// A region of `length` bytes with no memory behind it: what is written into it is
+    /// discarded and what is read from it is zeros. rdma-core's `ibv_alloc_null_mr` is one
+    /// (mlx5 has it), without a length and with an lkey alone; this one has both keys, so that
+    /// a peer can WRITE into it. Every check a region gets (its keys, PD, bounds and access)
+    /// is made as for any other. The fabric simulator's hosts use it: no figure of a simulated
+    /// run depends on the bytes, and each packet's copy out of a sender's region and into a
+    /// receiver's would otherwise miss the cache (hundreds of hosts' buffers).
+    pub fn reg_mr_null(
+        &mut self,
+        pd: PdId,
+        length: usize,
+        access: Access,
+    ) -> Result<MrInfo, VerbsError> {
+        let addr = 0x7f00_0000_0000u64 + (self.dev.rng.below(1 << 28) << 12);
+        self.check_reg_mr(pd, addr, length, access)?;
+        Ok(self.dev.mem.register_backing(
+            &mut self.dev.rng,
+            pd,
+            addr,
+            Backing::Null(length as u64),
+            access,
+        ))
+    }
+
     /// `ibv_reg_mr` / `ibv_reg_mr_iova2` of the program's own memory `mem`: the RNIC reads and
     /// writes it in place (as a NIC's DMA engine would) until [`Rnic::dereg_mr`]. The region's
     /// address space starts at `iova` (`ibv_reg_mr` passes the pointer's value, `ibv_reg_mr_iova2`
