@@ -12,6 +12,14 @@
 //! the cache: pops prefetch the next node of the current list and the first node of the bucket
 //! `AHEAD` nanoseconds on.
 //!
+//! A push number can be taken ahead of its entry ([`Calendar::reserve`]) and the entry pushed
+//! with it later ([`Calendar::push_reserved`]): it is then served where it would have been had
+//! it been pushed then. The fabric takes one for every transmitter's end and pushes it only when
+//! the transmitter has more to send by then (most ends at a lightly loaded switch have not).
+//! For that, a node keeps the low 32 bits of its push number; an entry from the far heap, older
+//! than anything pushed within the calendar's span of the same instant, gets one that compares
+//! as older than every push of the last 2^30.
+//!
 //! Invariants: `pop` returns the entry of least (time, push number), exactly as a binary heap
 //! of the same entries would; every entry in bucket `b & MASK` has time `b`, with
 //! `cur ≤ b < cur + BUCKETS`, its list oldest first (`tail` its last node); `ready` holds
@@ -21,7 +29,8 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-const BUCKETS: u64 = 65_536;
+/// The calendar's span, ns: a push at least this far ahead goes to the far heap.
+pub(crate) const BUCKETS: u64 = 65_536;
 const MASK: u64 = BUCKETS - 1;
 const NIL: u32 = u32::MAX;
 /// How far ahead, ns, a bucket's first node is prefetched.
@@ -70,6 +79,14 @@ impl<V> Ord for Far<V> {
 struct Node<V> {
     v: V,
     next: u32,
+    /// The push number's low 32 bits (see the module's text for entries from the far heap).
+    seq: u32,
+}
+
+/// `a` was pushed before `b` (push numbers' low bits, within 2^31 of each other).
+#[inline]
+fn older(a: u32, b: u32) -> bool {
+    (b.wrapping_sub(a) as i32) > 0
 }
 
 /// A calendar queue of events `V`.
@@ -83,7 +100,10 @@ pub struct Calendar<V> {
     ready: u32,
     cur: u64,
     near: usize,
+    /// Push numbers given so far (pushes and reservations).
     seq: u64,
+    /// The push number of the entry `pop` returned last.
+    last: u64,
     far: BinaryHeap<Reverse<Far<V>>>,
 }
 
@@ -97,6 +117,7 @@ impl<V> Default for Calendar<V> {
             cur: 0,
             near: 0,
             seq: 0,
+            last: 0,
             far: BinaryHeap::new(),
         }
     }
@@ -113,31 +134,94 @@ impl<V: Copy> Calendar<V> {
 
     /// Adds `v` at time `t`, which must not be before the last popped entry's.
     pub fn push(&mut self, t: u64, v: V) {
+        let s = self.reserve();
         let b = t.max(self.cur);
         if b < self.cur + BUCKETS {
-            self.link(b, v);
+            let n = self.node(v, s as u32);
+            self.append(b, n);
         } else {
-            self.seq += 1;
-            self.far.push(Reverse(Far {
-                t,
-                seq: self.seq,
-                v,
-            }));
+            self.far.push(Reverse(Far { t, seq: s, v }));
         }
     }
 
-    fn link(&mut self, b: u64, v: V) {
-        let n = if self.free != NIL {
+    /// Takes the next push number without pushing: [`Calendar::push_reserved`] may push an
+    /// entry with it later, or nothing may.
+    pub fn reserve(&mut self) -> u64 {
+        let s = self.seq;
+        self.seq += 1;
+        s
+    }
+
+    /// The push number of the entry the last [`Calendar::pop`] returned.
+    pub fn last_seq(&self) -> u64 {
+        self.last
+    }
+
+    /// Adds `v` at time `t` with the push number `s` from [`Calendar::reserve`]: it is served
+    /// where a push at the reservation would have been. `(t, s)` must not be before the last
+    /// popped entry's (time, push number); `s` must be within 2^30 pushes of the newest, and
+    /// reserved while `t` was within the calendar's span (not for the far heap).
+    pub fn push_reserved(&mut self, t: u64, s: u64, v: V) {
+        debug_assert!((t, s) > (self.cur, self.last) && s < self.seq);
+        if t >= self.cur + BUCKETS {
+            self.far.push(Reverse(Far { t, seq: s, v }));
+            return;
+        }
+        let n = self.node(v, s as u32);
+        self.near += 1;
+        // The list it goes in: the current instant's entries being served (everything pushed
+        // at this instant since it began is newer, so it goes before them), or its bucket's.
+        let list = if t == self.cur {
+            None
+        } else {
+            Some((t & MASK) as usize)
+        };
+        let (mut prev, mut at) = match list {
+            None => (NIL, self.ready),
+            Some(b) => (NIL, self.heads[b][0]),
+        };
+        while at != NIL && older(self.nodes[at as usize].seq, s as u32) {
+            prev = at;
+            at = self.nodes[at as usize].next;
+        }
+        self.nodes[n as usize].next = at;
+        if prev != NIL {
+            self.nodes[prev as usize].next = n;
+        }
+        match list {
+            None => {
+                if prev == NIL {
+                    self.ready = n;
+                }
+            }
+            Some(b) => {
+                let [head, tail] = &mut self.heads[b];
+                if prev == NIL {
+                    *head = n;
+                }
+                if at == NIL {
+                    *tail = n;
+                }
+            }
+        }
+    }
+
+    fn node(&mut self, v: V, seq: u32) -> u32 {
+        if self.free != NIL {
             let n = self.free;
             let node = &mut self.nodes[n as usize];
             self.free = node.next;
             node.v = v;
             node.next = NIL;
+            node.seq = seq;
             n
         } else {
-            self.nodes.push(Node { v, next: NIL });
+            self.nodes.push(Node { v, next: NIL, seq });
             (self.nodes.len() - 1) as u32
-        };
+        }
+    }
+
+    fn append(&mut self, b: u64, n: u32) {
         let [head, tail] = &mut self.heads[(b & MASK) as usize];
         if *head == NIL {
             *head = n;
@@ -154,7 +238,9 @@ impl<V: Copy> Calendar<V> {
                 break;
             }
             let Reverse(f) = self.far.pop().expect("peeked");
-            self.link(f.t.max(self.cur), f.v);
+            // Older than anything pushed into the calendar for its instant (module text).
+            let n = self.node(f.v, self.seq.wrapping_sub(1 << 30) as u32);
+            self.append(f.t.max(self.cur), n);
         }
     }
 
@@ -169,6 +255,10 @@ impl<V: Copy> Calendar<V> {
                 self.free = n;
                 self.near -= 1;
                 let v = node.v;
+                let low = self.seq as u32;
+                self.last = self
+                    .seq
+                    .saturating_sub(u64::from(low.wrapping_sub(node.seq)));
                 if self.ready != NIL {
                     prefetch(&self.nodes[self.ready as usize]);
                 }
@@ -206,23 +296,40 @@ mod tests {
         let mut rng = ChaCha8Rng::seed_from_u64(9);
         let mut c = Calendar::default();
         let mut h = BinaryHeap::new();
-        let (mut now, mut seq) = (0u64, 0u64);
-        for round in 0..200_000u64 {
-            if rng.next_u64() % 3 != 0 || h.is_empty() {
-                seq += 1;
+        // Reserved push numbers not pushed yet: (time, number).
+        let mut reserved: Vec<(u64, u64)> = Vec::new();
+        let (mut now, mut last) = (0u64, 0u64);
+        for round in 0..300_000u64 {
+            let r = rng.next_u64() % 12;
+            if r < 6 || h.is_empty() {
                 // Mostly near, some far ahead, some at the same instant.
                 let d = match rng.next_u64() % 10 {
                     0 => rng.next_u64() % 100_000_000,
                     1 => 0,
                     _ => rng.next_u64() % 5_000,
                 };
+                let seq = c.seq;
                 c.push(now + d, seq);
                 h.push(Reverse((now + d, seq)));
+            } else if r < 8 {
+                // A transmitter's end: a number taken now for an instant up to 2 µs on (at
+                // the current instant too), pushed later or never.
+                let t = now + rng.next_u64() % 2_000;
+                reserved.push((t, c.reserve()));
+            } else if r < 9 && !reserved.is_empty() {
+                let i = (rng.next_u64() % reserved.len() as u64) as usize;
+                let (t, s) = reserved.swap_remove(i);
+                if (t, s) > (now, last) {
+                    c.push_reserved(t, s, s);
+                    h.push(Reverse((t, s)));
+                }
             } else {
                 let a = c.pop().unwrap();
                 let Reverse(b) = h.pop().unwrap();
                 assert_eq!(a, b, "round {round}");
-                now = a.0;
+                assert_eq!(c.last_seq(), b.1, "round {round}");
+                (now, last) = b;
+                reserved.retain(|&r| r > (now, last));
             }
             assert_eq!(c.len(), h.len());
         }
