@@ -168,6 +168,15 @@ impl<V: Copy> Calendar<V> {
             return;
         }
         let n = self.node(v, s as u32);
+        if t != self.cur {
+            // Most often the newest of its instant's list (its entries were mostly pushed a
+            // link's delay before, this end's number a frame's time): then at its end.
+            let tail = self.heads[(t & MASK) as usize][1];
+            if tail == NIL || older(self.nodes[tail as usize].seq, s as u32) {
+                self.append(t, n);
+                return;
+            }
+        }
         self.near += 1;
         // The list it goes in: the current instant's entries being served (everything pushed
         // at this instant since it began is newer, so it goes before them), or its bucket's.
@@ -214,6 +223,10 @@ impl<V: Copy> Calendar<V> {
             node.v = v;
             node.next = NIL;
             node.seq = seq;
+            // The next push's node: freed longer ago, as likely as not out of the cache.
+            if self.free != NIL {
+                prefetch(&self.nodes[self.free as usize]);
+            }
             n
         } else {
             self.nodes.push(Node { v, next: NIL, seq });
