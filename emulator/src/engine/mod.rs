@@ -155,7 +155,7 @@ impl std::fmt::Debug for Engine {
 
 impl Engine {
     pub fn new(port: Box<dyn Port + Send>) -> Engine {
-        let ps = port.stats();
+        let faults = port.faults();
         Engine {
             port,
             st: State {
@@ -173,7 +173,7 @@ impl Engine {
                 deadline: None,
                 tx_backlog: false,
                 tx_held: false,
-                port_faults_seen: (ps.tx_dropped, ps.link_downed),
+                port_faults_seen: faults,
                 nap: WAKE_NAP_MIN,
                 nap_max: WAKE_NAP_MAX,
                 doorbell: None,
@@ -282,16 +282,16 @@ impl Engine {
                 .tx_burst(BURST, &mut |buf| st.transmit(rnic, now, buf));
             st.tx_held = self.port.tx_held();
         }
-        // What the port refused or saw (a copy of its counters: cheap on every port) becomes
-        // the RNIC's send_err and link_downed, as rxe counts them.
-        let ps = self.port.stats();
+        // What the port refused or saw becomes the RNIC's send_err and link_downed, as rxe
+        // counts them (`Port::faults`: no system call).
+        let (tx_dropped, link_downed) = self.port.faults();
         let (dropped, downed) = st.port_faults_seen;
-        if ps.tx_dropped != dropped || ps.link_downed != downed {
+        if tx_dropped != dropped || link_downed != downed {
             rnic.count_port_faults(
-                ps.tx_dropped.saturating_sub(dropped),
-                ps.link_downed.saturating_sub(downed),
+                tx_dropped.saturating_sub(dropped),
+                link_downed.saturating_sub(downed),
             );
-            st.port_faults_seen = (ps.tx_dropped, ps.link_downed);
+            st.port_faults_seen = (tx_dropped, link_downed);
         }
         // After transmitting: what was sent may have armed a retransmit timer.
         st.deadline = rnic.poll_timeout();

@@ -253,6 +253,13 @@ impl Port for AfXdpPort {
         s
     }
 
+    /// Without the kernel's counters: `stats` reads them with a `getsockopt`, too dear for
+    /// every turn of the engine, and the one of them counted here (descriptors the kernel found
+    /// invalid on the TX ring) is never expected (the port writes every descriptor itself).
+    fn faults(&self) -> (u64, u64) {
+        (self.stats.tx_dropped, self.neighbours.stats().link_downed)
+    }
+
     fn name(&self) -> String {
         format!("af_xdp:{}", self.ifname)
     }

@@ -41,6 +41,10 @@ macro_rules! inner_port_info {
         fn tx_held(&self) -> bool {
             self.$inner.tx_held()
         }
+
+        fn faults(&self) -> (u64, u64) {
+            self.$inner.faults()
+        }
     };
 }
 

@@ -107,6 +107,14 @@ pub trait Port {
 
     fn stats(&self) -> PortStats;
 
+    /// `tx_dropped` and `link_downed` as [`Port::stats`] counts them, for the engine, which
+    /// reads them every turn (they become the RNIC's `send_err` and `link_downed`). A port
+    /// whose `stats` asks the kernel (a system call) answers here from what it counted itself.
+    fn faults(&self) -> (u64, u64) {
+        let s = self.stats();
+        (s.tx_dropped, s.link_downed)
+    }
+
     /// A name for messages (`af_packet:veth0`, `dpdk:net_memif0`).
     fn name(&self) -> String;
 
