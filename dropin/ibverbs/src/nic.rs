@@ -371,10 +371,26 @@ impl Nic {
     /// (ibv_srq_pingpong on one core, one run in two).
     pub fn drain_responses(&self, qpn: rocemu_wire::Qpn) {
         let deadline = Instant::now() + DRAIN;
+        let mut rung = false;
         loop {
             let left = self.lock().rnic.queued_responses(qpn).unwrap_or(0);
-            if left == 0 || Instant::now() >= deadline {
+            if left == 0 {
                 return;
+            }
+            if Instant::now() >= deadline {
+                // Its peer will retry into a QP that is gone (1 pair in about 110 of the
+                // srq_pingpong test still failed so, 2026-12-06: this says when).
+                eprintln!(
+                    "rocemu: ibv_destroy_qp: QP {:#x}: {left} responses still queued after {} ms \
+                     go with it",
+                    qpn.value(),
+                    DRAIN.as_millis()
+                );
+                return;
+            }
+            if !rung {
+                self.bell.ring();
+                rung = true;
             }
             std::thread::sleep(Duration::from_micros(20));
         }
