@@ -57,8 +57,13 @@ impl Rnic {
         length: usize,
         access: Access,
     ) -> Result<MrInfo, VerbsError> {
-        let addr = 0x7f00_0000_0000u64 + (self.dev.rng.below(1 << 28) << 12);
+        let addr = self.pick_mr_addr();
         self.reg_mr_at(pd, addr, length, access)
+    }
+
+    /// A page-aligned virtual address for a region the RNIC places itself.
+    fn pick_mr_addr(&mut self) -> u64 {
+        0x7f00_0000_0000u64 + (self.dev.rng.below(1 << 28) << 12)
     }
 
     /// `ibv_reg_mr` at a virtual address the caller picks.
@@ -89,7 +94,7 @@ impl Rnic {
         length: usize,
         access: Access,
     ) -> Result<MrInfo, VerbsError> {
-        let addr = 0x7f00_0000_0000u64 + (self.dev.rng.below(1 << 28) << 12);
+        let addr = self.pick_mr_addr();
         self.check_reg_mr(pd, addr, length, access)?;
         Ok(self.dev.mem.register_backing(
             &mut self.dev.rng,
