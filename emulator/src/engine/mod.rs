@@ -123,8 +123,6 @@ struct State {
     /// Frames were left to send at the end of the last turn (the port refused them: a full
     /// socket buffer): an idle wait also ends when the port can take more.
     tx_backlog: bool,
-    /// The port held refused frames after the last transmit burst (`Port::tx_held`).
-    tx_held: bool,
     /// The port's `tx_dropped` and `link_downed` as last handed to the RNIC's `send_err` and
     /// `link_downed`.
     port_faults_seen: (u64, u64),
@@ -172,7 +170,6 @@ impl Engine {
                 strategy: IdleStrategy::default(),
                 deadline: None,
                 tx_backlog: false,
-                tx_held: false,
                 port_faults_seen: faults,
                 nap: WAKE_NAP_MIN,
                 nap_max: WAKE_NAP_MAX,
@@ -274,13 +271,12 @@ impl Engine {
             rnic.handle_timeout(now);
             work += 1;
         }
-        // Frames the driver refused last turn are offered again now (tx_burst sends them
-        // first), not only when the RNIC has a new one.
-        if !st.ctl.is_empty() || rnic.wants_transmit() || st.tx_held {
+        // Frames the driver refused before are offered again now (tx_burst sends them first),
+        // not only when the RNIC has a new one.
+        if !st.ctl.is_empty() || rnic.wants_transmit() || self.port.tx_held() {
             work += self
                 .port
                 .tx_burst(BURST, &mut |buf| st.transmit(rnic, now, buf));
-            st.tx_held = self.port.tx_held();
         }
         // What the port refused or saw becomes the RNIC's send_err and link_downed, as rxe
         // counts them (`Port::faults`: no system call).
@@ -295,7 +291,7 @@ impl Engine {
         }
         // After transmitting: what was sent may have armed a retransmit timer.
         st.deadline = rnic.poll_timeout();
-        st.tx_backlog = !st.ctl.is_empty() || rnic.wants_transmit() || st.tx_held;
+        st.tx_backlog = !st.ctl.is_empty() || rnic.wants_transmit() || self.port.tx_held();
         if let Some(s) = &self.stats {
             if s.pending() {
                 s.answer(rnic, &st.stats, &self.port.stats());
