@@ -162,6 +162,7 @@ fn run_agent(
             promiscuous: mac.is_some(),
             // The test peer reads RoCEv2 to any address: whatever the device sends is judged.
             addrs: Vec::new(),
+            fanout: None,
         },
     )
     .map_err(|e| e.to_string())?;

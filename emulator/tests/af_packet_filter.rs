@@ -77,6 +77,7 @@ fn only_roce_to_our_addresses_and_neighbour_frames_reach_rx_burst() {
     let opts = AfPacketOptions {
         promiscuous: false,
         addrs: vec![IpAddr::V4(OURS4), IpAddr::V6(OURS6)],
+        fanout: None,
     };
     let mut rx = AfPacketPort::open("rngf0", &opts).expect("open rngf0 with the filter");
     let mut tx = AfPacketPort::open("rngf1", &AfPacketOptions::default()).expect("open rngf1");

@@ -22,6 +22,7 @@ fn a_link_going_down_is_one_link_downed_and_a_refused_frame_a_send_err() {
         &AfPacketOptions {
             promiscuous: false,
             addrs: vec![me],
+            fanout: None,
         },
     )
     .expect("open rngl0");

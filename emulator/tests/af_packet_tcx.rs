@@ -79,6 +79,7 @@ fn the_kernel_does_not_see_the_datagrams_the_port_read() {
     let opts = AfPacketOptions {
         promiscuous: false,
         addrs: vec![IpAddr::V4(OURS)],
+        fanout: None,
     };
     let mut tx = AfPacketPort::open("rngt1", &AfPacketOptions::default()).expect("open rngt1");
     let n = 500;

@@ -47,6 +47,7 @@ fn open(ifname: &str, ip: Ipv4Addr) -> AfXdpPort {
     let opts = AfPacketOptions {
         promiscuous: false,
         addrs: vec![IpAddr::V4(ip)],
+        fanout: None,
     };
     AfXdpPort::open(ifname, &opts).unwrap_or_else(|e| panic!("{e}"))
 }
@@ -204,6 +205,7 @@ fn bad_interfaces_are_refused_with_a_reason() {
     let opts = AfPacketOptions {
         promiscuous: false,
         addrs: vec![IpAddr::V4(IP_A)],
+        fanout: None,
     };
     let e = AfXdpPort::open("rocemu-none0", &opts).unwrap_err();
     assert!(

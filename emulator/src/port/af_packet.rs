@@ -30,8 +30,11 @@ use std::io;
 use std::net::IpAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
+mod fanout;
 mod ring;
 pub(super) mod tcx;
+
+pub use fanout::Fanout;
 
 // From <linux/if_packet.h>; not all are in the libc crate.
 const PACKET_QDISC_BYPASS: libc::c_int = 20;
@@ -45,6 +48,9 @@ pub struct AfPacketOptions {
     /// The addresses whose RoCEv2 datagrams are read (UDP 4791 to one of them); empty: to any
     /// address (a test peer that watches everything a device sends).
     pub addrs: Vec<IpAddr>,
+    /// One shard of a device on several threads: the socket's place in the device's fanout
+    /// group ([`Fanout`]), which hands each frame to the shard that has its QP.
+    pub fanout: Option<Fanout>,
 }
 
 // Classic BPF (<linux/bpf_common.h>, <linux/filter.h>).
@@ -238,6 +244,8 @@ pub struct AfPacketPort {
     io: Io,
     /// Drops at the interface's ingress the datagrams the socket has read (module `tcx`).
     ingress: Option<tcx::IngressDrop>,
+    /// The fanout group the socket is in, for a device on several threads.
+    fanout_id: Option<u16>,
     stats: PortStats,
 }
 
@@ -373,6 +381,7 @@ impl AfPacketPort {
         let opts = AfPacketOptions {
             promiscuous,
             addrs: Vec::new(),
+            fanout: None,
         };
         Self::open_with(ifname, &opts, true)
     }
@@ -446,6 +455,12 @@ impl AfPacketPort {
         if r != 0 {
             return Err(os_err("bind", ifname));
         }
+        let fanout_id = match &opts.fanout {
+            Some(f) => Some(
+                fanout::join(&fd, f).map_err(|e| PortError(format!("af_packet:{ifname}: {e}")))?,
+            ),
+            None => None,
+        };
         drain(&fd);
 
         // Multicast (IPv6 neighbour discovery), or everything.
@@ -513,7 +528,9 @@ impl AfPacketPort {
         };
         // ROCEMU_AF_PACKET_TCX=0 leaves the kernel's IP stack to see every datagram (to
         // compare).
+        // A device's later shards leave the ingress drop to its first.
         let ingress = if neighbours_only
+            || matches!(opts.fanout, Some(Fanout::Join(_)))
             || std::env::var("ROCEMU_AF_PACKET_TCX").is_ok_and(|v| v == "0")
         {
             None
@@ -538,8 +555,15 @@ impl AfPacketPort {
             cap,
             io,
             ingress,
+            fanout_id,
             stats: PortStats::default(),
         })
+    }
+
+    /// The id of the fanout group the socket is in (see [`AfPacketOptions::fanout`]): what the
+    /// device's later shards join.
+    pub fn fanout_group(&self) -> Option<u16> {
+        self.fanout_id
     }
 
     /// True when the kernel's IP stack is spared the RoCEv2 datagrams to our addresses (an

@@ -42,6 +42,7 @@ pub fn open_datapath(
         let opts = AfPacketOptions {
             promiscuous,
             addrs: addrs.to_vec(),
+            fanout: None,
         };
         let p = AfPacketPort::open(ifname, &opts).map_err(|e| e.to_string())?;
         Ok(OpenedPort {
@@ -52,6 +53,7 @@ pub fn open_datapath(
         let opts = AfPacketOptions {
             promiscuous,
             addrs: addrs.to_vec(),
+            fanout: None,
         };
         let p = AfXdpPort::open(ifname, &opts).map_err(|e| e.to_string())?;
         // The guard for the frames the program passes to the kernel (a queue other than the

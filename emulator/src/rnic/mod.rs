@@ -61,7 +61,7 @@ pub use cq::ASYNC_EVENTS_MAX;
 pub(crate) use device::Dev;
 pub use device::{Counters, Rnic, RnicConfig, Shard};
 pub(crate) use modify::{flush, ErrCause};
-pub use qpn::MAX_SHARDS;
+pub use qpn::{QpnSteering, MAX_SHARDS, QPN_MIX};
 pub(crate) use receive::Packet;
 pub use stats::{QpCounters, QpInfo};
 pub use verbs::*;

@@ -7,6 +7,7 @@
 //! flags obey IBTA 10.6.3.1 (unverified; remote write or atomic needs local write).
 use super::mr::{Backing, MrInfo};
 use super::qp::Qp;
+use super::qpn::QpnSteering;
 use super::verbs::*;
 use super::Rnic;
 use crate::dma::ForeignMem;
@@ -421,6 +422,13 @@ impl Rnic {
         } else {
             self.qpn_map.shard_of(qpn)
         }
+    }
+
+    /// What a datapath's flow steering needs to tell a QP's shard from its QPN (the QPN
+    /// permutation's keys and the shard count; see [`QpnSteering`]): for the kernel's fanout
+    /// program of a device on several threads. The same in every shard of a device.
+    pub fn qpn_steering(&self) -> QpnSteering {
+        self.qpn_map.steering()
     }
 
     /// Which shard of the device a received frame is for: its BTH's destination QP's

@@ -50,6 +50,61 @@ pub const MAX_SHARDS: usize = 64;
 
 const ROUNDS: usize = 6;
 
+/// The two multipliers of the permutation's round function (SplitMix64's finaliser).
+pub const QPN_MIX: [u64; 2] = [0xbf58_476d_1ce4_e5b9, 0x94d0_49bb_1331_11eb];
+
+/// What a datapath's flow steering needs to tell from a QPN alone which shard of a device has
+/// its QP ([`crate::rnic::Rnic::qpn_steering`]): the permutation's round keys and the shard
+/// count. The shard of QPN `y` is `(decode(y) & (2^17 - 1)) % shards` where `decode` runs the
+/// Feistel rounds backwards: on the halves `l = y >> 12`, `r = y & 0xfff`, for each key `k`
+/// from the last, `(l, r) = (r ^ f(l, k), l)`; `f(x, k)` is SplitMix64's finaliser of `x ^ k`
+/// ([`QPN_MIX`]) masked to 12 bits. QP1's frames are shard 0's. The keys make QPNs
+/// unguessable: hand them to the kernel (a fanout program), never to a peer.
+#[derive(Clone, Copy)]
+pub struct QpnSteering {
+    pub keys: [u64; ROUNDS],
+    pub shards: u32,
+}
+
+impl std::fmt::Debug for QpnSteering {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The keys stay out of logs.
+        f.debug_struct("QpnSteering")
+            .field("shards", &self.shards)
+            .finish_non_exhaustive()
+    }
+}
+
+impl QpnSteering {
+    /// Bits of a decoded QPN that are the slot (the shard is the slot modulo the count).
+    pub const SLOT_MASK: u32 = MAX_SLOTS as u32 - 1;
+
+    /// Which shard has (or would have) QPN `qpn`: what [`crate::rnic::Rnic::shard_of_qpn`] says.
+    pub fn shard_of(&self, qpn: u32) -> u32 {
+        if qpn == Qpn::GSI.value() {
+            return 0;
+        }
+        (decode(&self.keys, qpn & 0xff_ffff) & Self::SLOT_MASK) % self.shards.max(1)
+    }
+}
+
+#[inline]
+fn mix(x: u32, k: u64) -> u32 {
+    let mut v = u64::from(x) ^ k;
+    v = (v ^ (v >> 30)).wrapping_mul(QPN_MIX[0]);
+    v = (v ^ (v >> 27)).wrapping_mul(QPN_MIX[1]);
+    ((v ^ (v >> 31)) & 0xfff) as u32
+}
+
+#[inline]
+fn decode(keys: &[u64; ROUNDS], y: u32) -> u32 {
+    let (mut l, mut r) = ((y >> 12) & 0xfff, y & 0xfff);
+    for &k in keys.iter().rev() {
+        (l, r) = (r ^ mix(l, k), l);
+    }
+    l << 12 | r
+}
+
 impl QpnMap {
     pub fn new(rng: &mut KeyRng, shard: u32, shards: u32) -> QpnMap {
         QpnMap {
@@ -62,26 +117,23 @@ impl QpnMap {
     pub fn max_slots(&self) -> usize {
         MAX_SLOTS / self.shards as usize
     }
-    #[inline]
-    fn f(x: u32, k: u64) -> u32 {
-        let mut v = u64::from(x) ^ k;
-        v = (v ^ (v >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        v = (v ^ (v >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        ((v ^ (v >> 31)) & 0xfff) as u32
+    /// What a datapath's flow steering needs (see [`QpnSteering`]).
+    pub fn steering(&self) -> QpnSteering {
+        QpnSteering {
+            keys: self.keys,
+            shards: self.shards,
+        }
     }
     fn encode(&self, x: u32) -> u32 {
         let (mut l, mut r) = ((x >> 12) & 0xfff, x & 0xfff);
         for &k in &self.keys {
-            (l, r) = (r, l ^ Self::f(r, k));
+            (l, r) = (r, l ^ mix(r, k));
         }
         l << 12 | r
     }
+    #[inline]
     fn decode(&self, y: u32) -> u32 {
-        let (mut l, mut r) = ((y >> 12) & 0xfff, y & 0xfff);
-        for &k in self.keys.iter().rev() {
-            (l, r) = (r ^ Self::f(l, k), l);
-        }
-        l << 12 | r
+        decode(&self.keys, y)
     }
     /// The QPN of generation `gen` of this shard's `slot`.
     fn qpn(&self, slot: usize, gen: u8) -> u32 {
@@ -176,6 +228,7 @@ mod tests {
                 for _ in 0..600 {
                     let (slot, q) = s.alloc(m, None).unwrap();
                     assert!(seen.insert(q.value()), "{q:?} made twice");
+                    assert_eq!(m.steering().shard_of(q.value()), k as u32);
                     for (j, o) in maps.iter().enumerate() {
                         assert_eq!(o.shard_of(q), k);
                         assert_eq!(o.slot(q), if j == k { slot } else { usize::MAX });

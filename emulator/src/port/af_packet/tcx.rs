@@ -206,6 +206,46 @@ pub(crate) fn bpf(cmd: libc::c_int, attr: &mut [u64; 16]) -> io::Result<OwnedFd>
     Ok(unsafe { OwnedFd::from_raw_fd(r as libc::c_int) })
 }
 
+/// Loads program `insns` of type `prog_type` under `name` (15 bytes and a NUL at most); a
+/// program the verifier refuses is refused with the last lines of the verifier's log.
+pub(crate) fn load(prog_type: u32, insns: &[Insn], name: &[u8; 16]) -> io::Result<OwnedFd> {
+    let license = c"GPL";
+    let mut attr = [0u64; 16];
+    // prog_type, insn_cnt; insns; license (`struct bpf_attr`, BPF_PROG_LOAD).
+    attr[0] = u64::from(prog_type) | ((insns.len() as u64) << 32);
+    attr[1] = insns.as_ptr() as u64;
+    attr[2] = license.as_ptr() as u64;
+    attr[6] = u64::from_le_bytes(name[..8].try_into().expect("8 bytes"));
+    attr[7] = u64::from_le_bytes(name[8..].try_into().expect("8 bytes"));
+    match bpf(BPF_PROG_LOAD, &mut attr) {
+        Ok(p) => Ok(p),
+        Err(e)
+            if e.raw_os_error() == Some(libc::EINVAL) || e.raw_os_error() == Some(libc::EACCES) =>
+        {
+            // The verifier refused it: once more with its log, for the message.
+            let mut log = vec![0u8; 16 << 10];
+            attr[3] = 1 | ((log.len() as u64) << 32); // log_level 1, log_size
+            attr[4] = log.as_mut_ptr() as u64;
+            let again = bpf(BPF_PROG_LOAD, &mut attr);
+            let text =
+                String::from_utf8_lossy(&log[..log.iter().position(|&b| b == 0).unwrap_or(0)])
+                    .lines()
+                    .rev()
+                    .take(3)
+                    .collect::<Vec<_>>()
+                    .join(" / ");
+            match again {
+                Ok(p) => Ok(p),
+                Err(_) => Err(io::Error::new(
+                    e.kind(),
+                    format!("{e}: the verifier said: {text}"),
+                )),
+            }
+        }
+        Err(e) => Err(e),
+    }
+}
+
 /// The attached program; dropping it detaches it.
 #[derive(Debug)]
 pub(super) struct IngressDrop {
@@ -229,44 +269,7 @@ pub(super) fn attach(ifindex: u32, addrs: &[IpAddr]) -> io::Result<IngressDrop> 
             "too many addresses for the ingress program's jumps",
         )
     })?;
-    let license = c"GPL";
-    let mut attr = [0u64; 16];
-    // prog_type, insn_cnt; insns; license (`struct bpf_attr`, BPF_PROG_LOAD).
-    attr[0] = u64::from(BPF_PROG_TYPE_SCHED_CLS) | ((insns.len() as u64) << 32);
-    attr[1] = insns.as_ptr() as u64;
-    attr[2] = license.as_ptr() as u64;
-    let name = b"rocemu_ingress\0\0";
-    attr[6] = u64::from_le_bytes(name[..8].try_into().expect("8 bytes"));
-    attr[7] = u64::from_le_bytes(name[8..].try_into().expect("8 bytes"));
-    let prog = match bpf(BPF_PROG_LOAD, &mut attr) {
-        Ok(p) => p,
-        Err(e)
-            if e.raw_os_error() == Some(libc::EINVAL) || e.raw_os_error() == Some(libc::EACCES) =>
-        {
-            // The verifier refused it: once more with its log, for the message.
-            let mut log = vec![0u8; 16 << 10];
-            attr[3] = 1 | ((log.len() as u64) << 32); // log_level 1, log_size
-            attr[4] = log.as_mut_ptr() as u64;
-            let again = bpf(BPF_PROG_LOAD, &mut attr);
-            let text =
-                String::from_utf8_lossy(&log[..log.iter().position(|&b| b == 0).unwrap_or(0)])
-                    .lines()
-                    .rev()
-                    .take(3)
-                    .collect::<Vec<_>>()
-                    .join(" / ");
-            match again {
-                Ok(p) => p,
-                Err(_) => {
-                    return Err(io::Error::new(
-                        e.kind(),
-                        format!("{e}: the verifier said: {text}"),
-                    ))
-                }
-            }
-        }
-        Err(e) => return Err(e),
-    };
+    let prog = load(BPF_PROG_TYPE_SCHED_CLS, &insns, b"rocemu_ingress\0\0")?;
     // prog_fd, target_ifindex; attach_type, flags (BPF_LINK_CREATE).
     let mut attr = [0u64; 16];
     attr[0] = prog.as_raw_fd() as u64 | (u64::from(ifindex) << 32);
