@@ -1,13 +1,13 @@
 //! `--dev`, `--ip`, `--mac`: where an end of `rocemu pingpong` / `rocemu perf` meets the wire.
 use rocemu_emulator::engine::{Engine, IdleStrategy};
 use rocemu_emulator::inproc::Impairments;
-use rocemu_emulator::port::af_packet::KernelGuard;
+use rocemu_emulator::port::af_packet::{AfPacketOptions, AfPacketPort, Fanout, KernelGuard};
 use rocemu_emulator::port::impair::ImpairedPort;
 use rocemu_emulator::port::open::open_datapath;
 use rocemu_emulator::port::Port;
 use rocemu_emulator::rng::Seed;
 use rocemu_emulator::rnic::cc::{CcAlgo, CcConfig, CC_PARAMS};
-use rocemu_emulator::rnic::{Rnic, RnicConfig};
+use rocemu_emulator::rnic::{Rnic, RnicConfig, Shard, MAX_SHARDS};
 use rocemu_tools::remote::Endpoint;
 use rocemu_wire::eth::Mac;
 use std::net::IpAddr;
@@ -132,6 +132,9 @@ impl EndArgs {
 /// An endpoint and what must live as long as it.
 pub struct Opened {
     pub ep: Endpoint,
+    /// With `--threads N`: the device's shards 1 to N - 1 (`ep` is shard 0), each on a port of
+    /// its own in the fanout group of shard 0's.
+    pub more: Vec<Endpoint>,
     _guard: Option<KernelGuard>,
 }
 
@@ -150,6 +153,26 @@ pub fn open(
     name: &str,
     cc: &CcArgs,
 ) -> Result<Opened, String> {
+    open_sharded(dev, ip, mac, pcap, impair, seed, name, cc, 1)
+}
+
+/// [`open`], the device split into `threads` shards (`threads` > 1: AF_PACKET only), one per
+/// polling thread: every shard has the device's MAC, addresses and seed, and a packet socket of
+/// its own in one fanout group whose program hands each frame to the shard that has its QP
+/// (`port::af_packet::Fanout`). Shard 0 answers ARP and neighbour discovery, and `rocemu
+/// stats` (which sees shard 0's counters).
+#[allow(clippy::too_many_arguments)]
+pub fn open_sharded(
+    dev: &str,
+    ip: &str,
+    mac: Option<&str>,
+    pcap: Option<&Path>,
+    impair: Option<(Impairments, u64)>,
+    seed: Option<u64>,
+    name: &str,
+    cc: &CcArgs,
+    threads: usize,
+) -> Result<Opened, String> {
     let cc = cc.config(rocemu_emulator::port::open::line_rate_mbps(dev))?;
     rocemu_emulator::stats::check_name(name).map_err(|e| format!("--name: {e}"))?;
     let ips = parse_ips(ip)?;
@@ -157,40 +180,89 @@ pub fn open(
         Some(m) => Some(m.parse().map_err(|e| format!("--mac {m}: {e}"))?),
         None => None,
     };
-    let opened = open_datapath("--dev", dev, &ips, mac.is_some(), &open_dpdk)?;
-    let (port, guard) = (opened.port, opened.guard);
-    let mac = mac.unwrap_or(port.mac());
+    let sharded = threads > 1;
+    let promiscuous = mac.is_some();
+    if sharded {
+        if threads > MAX_SHARDS {
+            return Err(format!("--threads {threads}: at most {MAX_SHARDS}"));
+        }
+        if !dev.starts_with("af_packet:") {
+            return Err(format!(
+                "--threads {threads} on a datapath: af_packet:IFACE only (DPDK and AF_XDP queues are not built yet)"
+            ));
+        }
+        if pcap.is_some() || impair.as_ref().is_some_and(|(i, _)| !i.is_none()) {
+            return Err(format!(
+                "--threads {threads} on a datapath: without --pcap and impairments (each thread's port would need its own)"
+            ));
+        }
+    }
+    let (port, guard) = match dev.strip_prefix("af_packet:").filter(|_| sharded) {
+        // Shard 0's port, concrete: it makes the fanout group once its RNIC has its keys.
+        Some(ifname) => {
+            let opts = AfPacketOptions {
+                promiscuous,
+                addrs: ips.clone(),
+                fanout: None,
+            };
+            let p = AfPacketPort::open(ifname, &opts).map_err(|e| e.to_string())?;
+            (Ports::Shard0(Box::new(p)), Some(KernelGuard::new()))
+        }
+        None => {
+            let o = open_datapath("--dev", dev, &ips, promiscuous, &open_dpdk)?;
+            (Ports::One(o.port), o.guard)
+        }
+    };
+    let (port_mac, port_mtu, port_name) = match &port {
+        Ports::One(p) => (p.mac(), p.mtu(), p.name()),
+        Ports::Shard0(p) => (p.mac(), p.mtu(), p.name()),
+    };
+    let mac = mac.unwrap_or(port_mac);
     if mac == Mac([0; 6]) || mac.is_multicast() {
         return Err(format!(
-            "{} has MAC {mac}, which cannot be a unicast source: give --mac",
-            port.name()
+            "{port_name} has MAC {mac}, which cannot be a unicast source: give --mac"
         ));
     }
     let mut cfg = RnicConfig::new(mac, ips[0], 0);
     cfg.ips = ips.clone();
     cfg.seed = Seed::replay_or_os(seed)?;
-    cfg.eth_mtu = port.mtu();
+    cfg.eth_mtu = port_mtu;
     cfg.cc = cc;
-    let rnic = Rnic::new(cfg);
-    let port: Box<dyn Port + Send> = match impair {
-        Some((imp, seed)) if !imp.is_none() => Box::new(ImpairedPort::new(port, imp, seed)),
-        _ => port,
+    cfg.shard = Shard {
+        index: 0,
+        count: threads as u32,
     };
-    let mut engine = Engine::new(port);
-    // Like perftest and DPDK applications: spin, for the lowest latency (one core per end).
-    // ROCEMU_IDLE=wake blocks in ppoll(2) when idle and =backoff sleeps 50 µs at a time (as the
-    // drop-in's engine; names as there), for machines with fewer cores than spinning ends
-    // (scripts/cc-testbed's router VM shares two cores with four ends).
-    engine.set_idle_strategy(match std::env::var("ROCEMU_IDLE").as_deref() {
-        Ok("wake") => IdleStrategy::Wake,
-        Ok("backoff") => IdleStrategy::Backoff,
-        Ok("busy") | Err(_) => IdleStrategy::BusyPoll,
-        Ok(other) => {
-            return Err(format!(
-                "ROCEMU_IDLE={other}: expected busy, backoff or wake"
-            ))
+    let rnic = Rnic::new(cfg.clone());
+    let mut more = Vec::new();
+    let port: Box<dyn Port + Send> = match port {
+        Ports::One(port) => match impair {
+            Some((imp, seed)) if !imp.is_none() => Box::new(ImpairedPort::new(port, imp, seed)),
+            _ => port,
+        },
+        Ports::Shard0(mut p) => {
+            let ifname = dev.strip_prefix("af_packet:").unwrap_or(dev);
+            let id = p
+                .join_fanout(&Fanout::First(rnic.qpn_steering()))
+                .map_err(|e| e.to_string())?;
+            // The others join in shard order: the group numbers its members as they join.
+            for k in 1..threads {
+                let opts = AfPacketOptions {
+                    promiscuous,
+                    addrs: ips.clone(),
+                    fanout: Some(Fanout::Join(id)),
+                };
+                let pk = AfPacketPort::open(ifname, &opts).map_err(|e| e.to_string())?;
+                let mut c = cfg.clone();
+                c.shard.index = k as u32;
+                more.push(Endpoint {
+                    rnic: Rnic::new(c),
+                    engine: engine_on(Box::new(pk))?,
+                });
+            }
+            p
         }
-    });
+    };
+    let mut engine = engine_on(port)?;
     if let Some(p) = pcap {
         engine.record(p)?;
     }
@@ -211,8 +283,35 @@ pub fn open(
     }
     Ok(Opened {
         ep: Endpoint { rnic, engine },
+        more,
         _guard: guard,
     })
+}
+
+/// The port `open_sharded` opened first.
+enum Ports {
+    One(Box<dyn Port + Send>),
+    Shard0(Box<AfPacketPort>),
+}
+
+/// An engine on `port`, idling as `ROCEMU_IDLE` says.
+fn engine_on(port: Box<dyn Port + Send>) -> Result<Engine, String> {
+    let mut engine = Engine::new(port);
+    // Like perftest and DPDK applications: spin, for the lowest latency (one core per end).
+    // ROCEMU_IDLE=wake blocks in ppoll(2) when idle and =backoff sleeps 50 µs at a time (as the
+    // drop-in's engine; names as there), for machines with fewer cores than spinning ends
+    // (scripts/cc-testbed's router VM shares two cores with four ends).
+    engine.set_idle_strategy(match std::env::var("ROCEMU_IDLE").as_deref() {
+        Ok("wake") => IdleStrategy::Wake,
+        Ok("backoff") => IdleStrategy::Backoff,
+        Ok("busy") | Err(_) => IdleStrategy::BusyPoll,
+        Ok(other) => {
+            return Err(format!(
+                "ROCEMU_IDLE={other}: expected busy, backoff or wake"
+            ))
+        }
+    });
+    Ok(engine)
 }
 
 /// `--ip`: one address, or several separated by commas (GID index i is the i-th), as a real

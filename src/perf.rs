@@ -103,9 +103,11 @@ pub struct Args {
     /// ECN, CNPs and the reaction point (in process: both ends alike).
     #[command(flatten)]
     cc: crate::datapath::CcArgs,
-    /// In process, bandwidth tests: polling threads. Each device is split into this many
-    /// shards by QPN, one per thread, the QPs dealt out round robin (-q at least N); a frame
-    /// for another thread's QP is steered to that thread.
+    /// Bandwidth tests: polling threads. Each device is split into this many shards by QPN,
+    /// one per thread, the QPs dealt out round robin (-q at least N). In process, a frame for
+    /// another thread's QP is steered to that thread; with --dev af_packet:IFACE each thread
+    /// has a packet socket in one fanout group whose eBPF program hands each frame to the
+    /// thread of its QP (root; the peer may run any number of threads, or be perftest).
     #[arg(long, default_value_t = 1, value_name = "N")]
     threads: usize,
     /// With --threads: put each connection's server QP on the next thread's shard, so that
@@ -168,14 +170,14 @@ pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
     if a.threads == 0 {
         return Err("--threads: at least 1".into());
     }
-    if a.threads > 1 && (a.dev.is_some() || a.lat) {
+    if a.threads > 1 && (a.lat || a.rdma_cm || a.serve != 1) {
         return Err(
-            "--threads N (N > 1) is for in-process bandwidth runs: not with --dev or --lat yet"
+            "--threads N (N > 1) is for the bandwidth runs over perftest's TCP exchange: not with --lat, -R or --serve yet"
                 .into(),
         );
     }
-    if a.steer_every_frame && a.threads < 2 {
-        return Err("--steer-every-frame goes with --threads N, N > 1".into());
+    if a.steer_every_frame && (a.threads < 2 || a.dev.is_some()) {
+        return Err("--steer-every-frame goes with --threads N, N > 1, in process".into());
     }
     let iters = a.iters.unwrap_or(if a.lat { 1000 } else { 5000 });
     if let Some(dev) = &a.dev {
@@ -315,7 +317,7 @@ fn run_remote(
     } else {
         1000
     });
-    let mut d = crate::datapath::open(
+    let mut d = crate::datapath::open_sharded(
         dev,
         ip,
         a.mac.as_deref(),
@@ -324,6 +326,7 @@ fn run_remote(
         a.imp.seed,
         &a.name.get(),
         &a.cc,
+        a.threads,
     )?;
     let tx_depth = a.tx_depth.min(iters as usize).max(1);
     let o = rocemu_tools::remote::PerfOpts {
@@ -364,6 +367,33 @@ fn run_remote(
         d.ep.engine.finish_recording()?;
         let failed = failed?;
         return Ok(if failed == 0 && bad == 0 {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        });
+    }
+    if a.threads > 1 {
+        if a.server.is_some() {
+            println!(
+                " rocemu: {} polling threads, one fanout group on {port}",
+                a.threads
+            );
+        }
+        let pool = rocemu_tools::perf_shards::ShardPool::start(std::mem::take(&mut d.more));
+        let out = rocemu_tools::perf_shards::perf(&mut d.ep, &pool, &o);
+        let more = pool.stop();
+        let out = out.map_err(|e| {
+            let mut cs = vec![("thread 0: ".to_string(), d.ep.rnic.counters())];
+            cs.extend(
+                more.iter()
+                    .enumerate()
+                    .map(|(k, ep)| (format!("thread {}: ", k + 1), ep.rnic.counters())),
+            );
+            let cs: Vec<(&str, &rocemu_emulator::rnic::Counters)> =
+                cs.iter().map(|(n, c)| (n.as_str(), c)).collect();
+            rocemu_tools::explain(e, &cs)
+        })?;
+        return Ok(if print_outcome(a, test, &port, &o, &out) {
             ExitCode::SUCCESS
         } else {
             ExitCode::FAILURE

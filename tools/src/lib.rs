@@ -31,6 +31,7 @@ pub mod forge_cm;
 pub mod oob;
 pub mod perf;
 pub(crate) mod perf_end;
+pub mod perf_shards;
 pub(crate) mod perftest;
 pub mod perftest_cm;
 pub mod pingpong;

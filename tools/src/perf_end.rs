@@ -35,6 +35,7 @@ pub(crate) struct PerfQp {
     pub(crate) off: usize,
 }
 
+#[derive(Debug, Clone)]
 pub(crate) struct PerfSetup {
     pub(crate) cq: CqId,
     pub(crate) mr: MrInfo,
@@ -190,6 +191,19 @@ pub(crate) fn perf_connect(
     rem: &[PerftestDest],
     mtu: Mtu,
 ) -> Result<(), String> {
+    perf_connect_to(ep, o, s, rem, mtu, None)
+}
+
+/// [`perf_connect`]; with `peer_mac`, the peer's MAC as another shard of this device resolved
+/// it (a later shard's ARP answers would reach shard 0, which answers for the device).
+pub(crate) fn perf_connect_to(
+    ep: &mut Endpoint,
+    o: &PerfOpts,
+    s: &PerfSetup,
+    rem: &[PerftestDest],
+    mtu: Mtu,
+    peer_mac: Option<rocemu_wire::eth::Mac>,
+) -> Result<(), String> {
     if rem.len() != s.qps.len() {
         return Err(format!(
             "the peer has {} QPs, this end {}: give both the same -q",
@@ -198,7 +212,12 @@ pub(crate) fn perf_connect(
         ));
     }
     let peer = gid_ip(&rem[0].gid, "the peer")?;
-    ep.engine.resolve(&mut ep.rnic, peer, RESOLVE)?;
+    match peer_mac {
+        Some(m) => ep.rnic.set_neighbor(peer, m),
+        None => {
+            ep.engine.resolve(&mut ep.rnic, peer, RESOLVE)?;
+        }
+    }
     // As perftest: this end's responder resources are its own out_reads, the ones it
     // advertised; its reads in flight are bounded by the peer's (oob.rs). Taking the peer's for
     // both left a server facing a peer that advertises 1 with one responder resource, so a

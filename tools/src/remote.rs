@@ -63,7 +63,7 @@ pub fn serve<T: Send>(ep: &mut Endpoint, control: impl FnOnce(Ctl) -> T + Send) 
 
 /// How long [`serve`] keeps answering after `control` returned: the last ACKs and answers of a
 /// process about to close its port.
-const LINGER: Duration = Duration::from_millis(100);
+pub(crate) const LINGER: Duration = Duration::from_millis(100);
 
 /// [`serve`], answering for `linger` after `control` returned. Zero between the steps of one
 /// exchange, whose next step turns the engine again at once.
@@ -357,7 +357,14 @@ pub(crate) trait Exchange {
 
 /// perftest's exchange over TCP, on a thread of its own while the engine's thread turns.
 /// The linger: after the last step only (the server's run, the client's report).
-struct TcpExchange(PerftestConn, Duration);
+pub(crate) struct TcpExchange(PerftestConn, Duration);
+
+impl TcpExchange {
+    /// The exchange on `conn`, lingering `linger` after its last step.
+    pub(crate) fn new(conn: PerftestConn, linger: Duration) -> TcpExchange {
+        TcpExchange(conn, linger)
+    }
+}
 
 impl Exchange for TcpExchange {
     fn step(

@@ -560,6 +560,22 @@ impl AfPacketPort {
         })
     }
 
+    /// Puts the socket in a device's fanout group (see [`AfPacketOptions::fanout`]) after it was
+    /// opened: shard 0's port, whose RNIC (and so the program's keys) needed the port's MAC
+    /// and MTU first. Returns the group's id.
+    pub fn join_fanout(&mut self, f: &Fanout) -> Result<u16, PortError> {
+        if self.fanout_id.is_some() {
+            return Err(PortError(format!(
+                "af_packet:{}: already in a fanout group",
+                self.ifname
+            )));
+        }
+        let id = fanout::join(&self.fd, f)
+            .map_err(|e| PortError(format!("af_packet:{}: {e}", self.ifname)))?;
+        self.fanout_id = Some(id);
+        Ok(id)
+    }
+
     /// The id of the fanout group the socket is in (see [`AfPacketOptions::fanout`]): what the
     /// device's later shards join.
     pub fn fanout_group(&self) -> Option<u16> {
