@@ -268,8 +268,13 @@ pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
         print_limit(r);
         if let Some(n) = r.steered {
             println!(
-                " threads: {}; frames steered to another thread's shard: {n}",
-                a.threads
+                " threads: {}; frames steered to another thread's shard: {n}{}",
+                a.threads,
+                if r.steer_dropped > 0 {
+                    format!(" ({} dropped at a full ring)", r.steer_dropped)
+                } else {
+                    String::new()
+                }
             );
         }
         if a.json {

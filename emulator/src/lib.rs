@@ -38,6 +38,7 @@ pub mod port;
 pub mod rng;
 pub mod rnic;
 pub mod stats;
+pub mod steer;
 pub mod time;
 
 pub use rnic::Rnic;

@@ -16,6 +16,7 @@ use rocemu_emulator::connect::{bring_up, ConnectOpts};
 use rocemu_emulator::inproc::{pattern, Impairments, Link, IP_A, IP_B, MAC_A, MAC_B};
 use rocemu_emulator::rnic::mr::MrInfo;
 use rocemu_emulator::rnic::*;
+use rocemu_emulator::steer::{frame_ring, FrameRx, FrameTx};
 use rocemu_emulator::time::Nanos;
 use rocemu_wire::{Psn, Qpn};
 use std::time::{Duration, Instant};
@@ -190,42 +191,64 @@ struct Bed {
 
 /// The steering of one thread's shards (`--threads`): a frame is handed to the shard whose
 /// QP it names (`Rnic::shard_of_frame`, fixed offsets, as a NIC's flow steering) — this
-/// thread's own at once, another's through a queue to that thread (std's `mpsc`, lock-free on
-/// its fast path), whose turn takes it in.
+/// thread's own at once, another's through a ring of fixed slots to that thread
+/// (`rocemu_emulator::steer`: one copy, no lock, no allocation), whose turn takes it in.
 struct Steer {
     k: usize,
-    /// To each thread: frames for its A shard, frames for its B shard.
-    to_a: Vec<std::sync::mpsc::Sender<Vec<u8>>>,
-    to_b: Vec<std::sync::mpsc::Sender<Vec<u8>>>,
-    for_a: std::sync::mpsc::Receiver<Vec<u8>>,
-    for_b: std::sync::mpsc::Receiver<Vec<u8>>,
-    /// Buffers of frames taken in, reused for frames sent on (no allocation once warm).
-    spare: Vec<Vec<u8>>,
+    /// To each other thread (none to this one): frames for its A shard, for its B shard.
+    to_a: Vec<Option<FrameTx>>,
+    to_b: Vec<Option<FrameTx>>,
+    /// From each other thread: frames for this thread's A shard, for its B shard.
+    for_a: Vec<FrameRx>,
+    for_b: Vec<FrameRx>,
     /// Frames this thread sent to another.
     steered: u64,
+    /// Frames dropped because another thread's ring stayed full (RC retransmits them).
+    dropped: u64,
 }
 
+/// Slots of a steering ring: more than the frames a run keeps in flight at perftest's depths.
+const STEER_SLOTS: usize = 2048;
+/// Bytes of a steering slot: a frame of a 4096-byte path MTU with every header.
+const STEER_SLOT_BYTES: usize = 4096 + 256;
+/// Tries at a full ring (taking this thread's own frames in between) before a frame is dropped.
+const STEER_TRIES: u32 = 100_000;
+
 impl Steer {
-    /// Hands a frame from A (`to_b`) or B to the shard it is for; returns true if that is
-    /// this thread's own, which the caller then gives it.
-    #[inline]
-    fn route(&mut self, shard: usize, frame: &[u8], to_b: bool) -> bool {
-        if shard == self.k {
-            return true;
+    /// Hands a frame from A (`to_b`) or B to another thread's `shard`. While that thread's
+    /// ring is full, this thread takes in the frames others handed it (so two threads waiting
+    /// on each other's rings both move on); a frame that still finds no room is dropped.
+    fn send(
+        &mut self,
+        shard: usize,
+        frame: &[u8],
+        to_b: bool,
+        ab: (&mut Rnic, &mut Rnic),
+        now: Nanos,
+    ) {
+        let (a, b) = ab;
+        for _ in 0..STEER_TRIES {
+            let q = if to_b { &mut self.to_b } else { &mut self.to_a };
+            let Some(tx) = q[shard].as_mut() else {
+                break;
+            };
+            if tx.push(frame) {
+                self.steered += 1;
+                return;
+            }
+            self.take_in(a, b, now);
+            std::hint::spin_loop();
         }
-        let mut v = self.spare.pop().unwrap_or_default();
-        v.clear();
-        v.extend_from_slice(frame);
-        let q = if to_b { &self.to_b } else { &self.to_a };
-        // A thread that is gone has ended its run: nothing waits for the frame.
-        let _ = q[shard].send(v);
-        self.steered += 1;
-        false
+        self.dropped += 1;
     }
 
-    fn recycle(&mut self, f: Vec<u8>) {
-        if self.spare.len() < 4096 {
-            self.spare.push(f);
+    /// Gives this thread's shards the frames other threads handed them.
+    fn take_in(&mut self, a: &mut Rnic, b: &mut Rnic, now: Nanos) {
+        for rx in &mut self.for_b {
+            while rx.pop_with(|f| b.handle_frame_mut(now, f)).is_some() {}
+        }
+        for rx in &mut self.for_a {
+            while rx.pop_with(|f| a.handle_frame_mut(now, f)).is_some() {}
         }
     }
 }
@@ -253,29 +276,31 @@ impl Bed {
                 }
             }
             (None, None) => {
-                let st = self.steer.as_mut().expect("checked above");
-                while let Some(n) = self.a.poll_transmit(now, &mut self.buf) {
-                    let f = &mut self.buf[..n];
-                    if st.route(self.b.shard_of_frame(f), f, true) {
-                        self.b.handle_frame_mut(now, f);
+                let Bed {
+                    a, b, buf, steer, ..
+                } = self;
+                let st = steer.as_mut().expect("checked above");
+                while let Some(n) = a.poll_transmit(now, buf) {
+                    let f = &mut buf[..n];
+                    let k = b.shard_of_frame(f);
+                    if k == st.k {
+                        b.handle_frame_mut(now, f);
+                    } else {
+                        st.send(k, f, true, (a, b), now);
                     }
                     moved += 1;
                 }
-                while let Some(n) = self.b.poll_transmit(now, &mut self.buf) {
-                    let f = &mut self.buf[..n];
-                    if st.route(self.a.shard_of_frame(f), f, false) {
-                        self.a.handle_frame_mut(now, f);
+                while let Some(n) = b.poll_transmit(now, buf) {
+                    let f = &mut buf[..n];
+                    let k = a.shard_of_frame(f);
+                    if k == st.k {
+                        a.handle_frame_mut(now, f);
+                    } else {
+                        st.send(k, f, false, (a, b), now);
                     }
                     moved += 1;
                 }
-                while let Ok(mut f) = st.for_b.try_recv() {
-                    self.b.handle_frame_mut(now, &mut f);
-                    st.recycle(f);
-                }
-                while let Ok(mut f) = st.for_a.try_recv() {
-                    self.a.handle_frame_mut(now, &mut f);
-                    st.recycle(f);
-                }
+                st.take_in(a, b, now);
             }
             (Some(ab), Some(ba)) => {
                 while let Some(n) = self.a.poll_transmit(now, &mut self.buf) {
@@ -501,24 +526,42 @@ fn setup_shards(
     Ok(out)
 }
 
-/// The queues between `n` threads' shards (none for one thread): thread k's [`Steer`].
+/// The rings between `n` threads' shards (none for one thread): thread k's [`Steer`].
 fn steering(n: usize) -> Vec<Steer> {
     if n < 2 {
         return Vec::new();
     }
-    let (ta, ra): (Vec<_>, Vec<_>) = (0..n).map(|_| std::sync::mpsc::channel()).unzip();
-    let (tb, rb): (Vec<_>, Vec<_>) = (0..n).map(|_| std::sync::mpsc::channel()).unzip();
-    ra.into_iter()
-        .zip(rb)
+    // rings[i][j]: from thread i to thread j, for A's shards and for B's.
+    let mut tx: Vec<Vec<[Option<FrameTx>; 2]>> = (0..n)
+        .map(|_| (0..n).map(|_| [None, None]).collect())
+        .collect();
+    let mut rx: Vec<[Vec<FrameRx>; 2]> = (0..n).map(|_| [Vec::new(), Vec::new()]).collect();
+    for (i, row) in tx.iter_mut().enumerate() {
+        for (j, pair) in row.iter_mut().enumerate() {
+            if i == j {
+                continue;
+            }
+            for (side, slot) in pair.iter_mut().enumerate() {
+                let (t, r) = frame_ring(STEER_SLOTS, STEER_SLOT_BYTES);
+                *slot = Some(t);
+                rx[j][side].push(r);
+            }
+        }
+    }
+    tx.into_iter()
+        .zip(rx)
         .enumerate()
-        .map(|(k, (for_a, for_b))| Steer {
-            k,
-            to_a: ta.clone(),
-            to_b: tb.clone(),
-            for_a,
-            for_b,
-            spare: Vec::new(),
-            steered: 0,
+        .map(|(k, (row, [for_a, for_b]))| {
+            let (to_a, to_b) = row.into_iter().map(|[x, y]| (x, y)).unzip();
+            Steer {
+                k,
+                to_a,
+                to_b,
+                for_a,
+                for_b,
+                steered: 0,
+                dropped: 0,
+            }
         })
         .collect()
 }
@@ -723,6 +766,7 @@ fn run_on_bed(o: &Opts, bed: &mut Bed, conns: &[Conn]) -> Result<ShardRun, Strin
         verified,
         counters: both_counters(&end.bed.a, &end.bed.b),
         steered: 0,
+        steer_dropped: 0,
     })
 }
 
@@ -733,6 +777,7 @@ struct ShardRun {
     verified: Option<(bool, String)>,
     counters: String,
     steered: u64,
+    steer_dropped: u64,
 }
 
 /// Counts a thread out when it ends, whichever way (an error, a panic): the others serve its
@@ -820,6 +865,7 @@ fn run_bw_threads(o: &Opts) -> Result<Report, String> {
                     // read-back and the frames of the other threads' runs served after its own.
                     result.map(|mut r| {
                         r.steered = bed.steer.as_ref().map_or(0, |s| s.steered);
+                        r.steer_dropped = bed.steer.as_ref().map_or(0, |s| s.dropped);
                         r
                     })
                 })
@@ -838,7 +884,10 @@ fn run_bw_threads(o: &Opts) -> Result<Report, String> {
         runs.push(r?);
     }
     let steered = runs.iter().map(|r| r.steered).sum();
-    Ok(bw_report_of(o, limit_gbps, runs, Some(steered)))
+    let dropped = runs.iter().map(|r| r.steer_dropped).sum();
+    let mut r = bw_report_of(o, limit_gbps, runs, Some(steered));
+    r.steer_dropped = dropped;
+    Ok(r)
 }
 
 /// The report of a run on one thread or several together: messages and bytes summed, the

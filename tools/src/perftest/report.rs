@@ -43,6 +43,8 @@ pub struct Report {
     /// which the steering handed over, over the whole run (the verification's read-back
     /// included; not in the JSON, whose keys are the contract's).
     pub steered: Option<u64>,
+    /// Of those, frames dropped because the other thread's ring stayed full.
+    pub steer_dropped: u64,
 }
 
 impl Report {
@@ -169,6 +171,7 @@ pub(crate) fn bw_report(s: &RunShape, msg_bytes: u64, run: BwRun, t: Transport) 
         lat_us: Vec::new(),
         counters: String::new(),
         steered: None,
+        steer_dropped: 0,
     }
 }
 
