@@ -160,7 +160,7 @@ pub fn open(
 /// polling thread: every shard has the device's MAC, addresses and seed, and a packet socket of
 /// its own in one fanout group whose program hands each frame to the shard that has its QP
 /// (`port::af_packet::Fanout`). Shard 0 answers ARP and neighbour discovery, and `rocemu
-/// stats` (which sees shard 0's counters).
+/// stats` for the device (every shard's counters summed, every shard's QPs).
 #[allow(clippy::too_many_arguments)]
 pub fn open_sharded(
     dev: &str,
@@ -278,7 +278,13 @@ pub fn open_sharded(
     };
     // Without its socket the end still runs: `rocemu stats` will not see it.
     match rocemu_emulator::stats::server::Server::bind(id) {
-        Ok(s) => engine.serve_stats(s),
+        Ok(s) => {
+            // A device on several threads answers as one: each shard its part.
+            for ep in more.iter_mut() {
+                ep.engine.serve_stats_shard(s.shard_tap());
+            }
+            engine.serve_stats(s)
+        }
         Err(e) => eprintln!("rocemu: stats: {e}; `rocemu stats` will not list this device"),
     }
     Ok(Opened {

@@ -140,6 +140,8 @@ pub struct Engine {
     st: State,
     /// The `rocemu stats` socket, answered between turns ([`Engine::serve_stats`]).
     stats: Option<crate::stats::server::Server>,
+    /// A later shard's part of the device's stats socket (shard 0 has the socket).
+    stats_tap: Option<crate::stats::server::ShardTap>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -177,6 +179,7 @@ impl Engine {
                 sleeps: 0,
             },
             stats: None,
+            stats_tap: None,
         }
     }
 
@@ -222,6 +225,15 @@ impl Engine {
             server.set_doorbell(d.clone());
         }
         self.stats = Some(server);
+    }
+
+    /// Answers this shard's part of the device's `rocemu stats` questions (a device on several
+    /// threads: shard 0's engine serves the socket, [`Server::shard_tap`] gives the others
+    /// theirs).
+    ///
+    /// [`Server::shard_tap`]: crate::stats::server::Server::shard_tap
+    pub fn serve_stats_shard(&mut self, tap: crate::stats::server::ShardTap) {
+        self.stats_tap = Some(tap);
     }
 
     /// The stats socket's path, when [`serve_stats`](Self::serve_stats) gave one.
@@ -295,6 +307,11 @@ impl Engine {
         if let Some(s) = &self.stats {
             if s.pending() {
                 s.answer(rnic, &st.stats, &self.port.stats());
+            }
+        }
+        if let Some(t) = &self.stats_tap {
+            if t.pending() {
+                t.answer(rnic, &st.stats, &self.port.stats());
             }
         }
         work

@@ -165,6 +165,18 @@ impl Snapshot {
         }
     }
 
+    /// Another shard's part of the same device: counters of the same name summed, its QPs
+    /// listed after these.
+    pub fn add(&mut self, other: Snapshot) {
+        for (n, v) in other.counters {
+            match self.counters.iter_mut().find(|(m, _)| *m == n) {
+                Some((_, w)) => *w += v,
+                None => self.counters.push((n, v)),
+            }
+        }
+        self.qps.extend(other.qps);
+    }
+
     /// The `counters` and `qps` keys of a reply.
     pub fn to_json(&self, into: &mut Map<String, Value>) {
         let mut c = Map::new();

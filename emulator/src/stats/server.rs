@@ -41,6 +41,40 @@ struct Shared {
     pending: AtomicBool,
     stop: AtomicBool,
     doorbell: Mutex<Option<Arc<Doorbell>>>,
+    /// The device's other shards (a device on several threads): each answers its part of a
+    /// question through its [`ShardTap`], and the reply is their sum.
+    shards: Mutex<Vec<(mpsc::SyncSender<Job>, Arc<AtomicBool>)>>,
+}
+
+/// Another shard's side of a device's stats socket (see [`Server::shard_tap`]): its engine
+/// checks it once per turn, as shard 0's checks the [`Server`].
+pub struct ShardTap {
+    pending: Arc<AtomicBool>,
+    rx: mpsc::Receiver<Job>,
+}
+
+impl std::fmt::Debug for ShardTap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShardTap").finish_non_exhaustive()
+    }
+}
+
+impl ShardTap {
+    /// A question waits for this shard: one atomic load, for every turn.
+    #[inline]
+    pub fn pending(&self) -> bool {
+        self.pending.load(Ordering::Relaxed)
+    }
+
+    /// Answers the waiting questions with this shard's part (its engine's thread).
+    pub fn answer(&self, rnic: &Rnic, engine: &EngineStats, port: &PortStats) {
+        self.pending.store(false, Ordering::SeqCst);
+        while let Ok(job) = self.rx.try_recv() {
+            let _ = job
+                .reply
+                .try_send(Snapshot::take(rnic, engine, port, job.qps));
+        }
+    }
 }
 
 /// A device's stats socket: answers until dropped, then removes the socket.
@@ -140,6 +174,7 @@ impl Server {
             pending: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             doorbell: Mutex::new(None),
+            shards: Mutex::new(Vec::new()),
         });
         let (tx, rx) = mpsc::sync_channel(JOBS);
         let (l, sh) = (listener.clone(), shared.clone());
@@ -176,6 +211,19 @@ impl Server {
             .doorbell
             .lock()
             .unwrap_or_else(|p| p.into_inner()) = Some(d);
+    }
+
+    /// A tap for another shard of the device: from now on every `stats` reply sums that
+    /// shard's counters (and lists its QPs) with this one's and the other taps'.
+    pub fn shard_tap(&self) -> ShardTap {
+        let (tx, rx) = mpsc::sync_channel(JOBS);
+        let pending = Arc::new(AtomicBool::new(false));
+        self.shared
+            .shards
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((tx, pending.clone()));
+        ShardTap { pending, rx }
     }
 
     /// A question waits for the engine: one atomic load, for every turn.
@@ -288,17 +336,36 @@ fn reply_to(line: &[u8], sh: &Shared, tx: &mpsc::SyncSender<Job>, ident: &Value)
     if let Some(d) = &*sh.doorbell.lock().unwrap_or_else(|p| p.into_inner()) {
         d.ring();
     }
-    match rrx.recv_timeout(ENGINE_TIMEOUT) {
-        Ok(snap) => {
-            let mut m = ident.as_object().cloned().unwrap_or_default();
-            snap.to_json(&mut m);
-            Value::Object(m)
+    // The other shards' parts, asked at once.
+    let mut parts = vec![rrx];
+    for (stx, pending) in sh.shards.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+        let (rtx, rrx) = mpsc::sync_channel(1);
+        if stx.try_send(Job { qps, reply: rtx }).is_err() {
+            return json!({"error": "a shard's engine has earlier questions unanswered: it is not turning"});
         }
-        Err(_) => json!({"error": format!(
-            "the device's engine did not answer within {} s (stopped, or busy outside its loop)",
-            ENGINE_TIMEOUT.as_secs()
-        )}),
+        pending.store(true, Ordering::SeqCst);
+        parts.push(rrx);
     }
+    let deadline = Instant::now() + ENGINE_TIMEOUT;
+    let mut snap: Option<Snapshot> = None;
+    for (k, rrx) in parts.iter().enumerate() {
+        match rrx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(part) => match &mut snap {
+                None => snap = Some(part),
+                Some(s) => s.add(part),
+            },
+            Err(_) => {
+                return json!({"error": format!(
+                    "the device's engine{} did not answer within {} s (stopped, or busy outside its loop)",
+                    if k == 0 { String::new() } else { format!(" for shard {k}") },
+                    ENGINE_TIMEOUT.as_secs()
+                )})
+            }
+        }
+    }
+    let mut m = ident.as_object().cloned().unwrap_or_default();
+    snap.expect("shard 0's part").to_json(&mut m);
+    Value::Object(m)
 }
 
 fn answer_client(mut s: UnixStream, sh: &Shared, tx: &mpsc::SyncSender<Job>, ident: &Value) {

@@ -291,6 +291,68 @@ fn an_engine_answers_between_turns() {
     let _ = std::fs::remove_dir_all(&d);
 }
 
+/// A device on two threads: shard 0's engine serves the socket, shard 1's answers through its
+/// tap, and the reply sums their counters and lists both shards' QPs.
+#[test]
+fn a_device_on_two_threads_answers_for_both_shards() {
+    let d = dir("shards");
+    let server = Server::bind_in(&d, ident("t-shards")).unwrap();
+    let path = server.path().to_owned();
+    let mut tap = Some(server.shard_tap());
+    let mut server = Some(server);
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut qpns = Vec::new();
+    let mut threads = Vec::new();
+    for k in 0..2u32 {
+        let (pa, _pb) = pipe(Mac([2, 0, 0, 0, 0, 1]), Mac([2, 0, 0, 0, 0, 2]), 1500);
+        let mut cfg = RnicConfig::new(Mac([2, 0, 0, 0, 0, 1]), "10.0.0.1".parse().unwrap(), 1);
+        cfg.shard = crate::rnic::Shard { index: k, count: 2 };
+        let mut rnic = Rnic::new(cfg);
+        let pd = rnic.alloc_pd();
+        let cq = rnic.create_cq(16).unwrap();
+        let qp = rnic
+            .create_qp(
+                pd,
+                crate::rnic::QpInitAttr::new(crate::rnic::QpType::Rc, cq),
+            )
+            .unwrap();
+        qpns.push(qp.value());
+        // Shard k drops k + 1 malformed frames.
+        for _ in 0..=k {
+            rnic.handle_frame(crate::time::Nanos(0), &[0u8; 10]);
+        }
+        let mut engine = Engine::new(Box::new(pa));
+        match k {
+            0 => engine.serve_stats(server.take().unwrap()),
+            _ => engine.serve_stats_shard(tap.take().unwrap()),
+        }
+        let st = stop.clone();
+        threads.push(std::thread::spawn(move || {
+            let _keep = _pb;
+            while !st.load(Ordering::Relaxed) {
+                let w = engine.poll(&mut rnic);
+                engine.idle(w);
+            }
+        }));
+    }
+    let v = client::ask(&path, Request::Stats { qps: true }).unwrap();
+    assert_eq!(v["counters"]["rx_drop_malformed"], 3, "{v}");
+    let listed: Vec<u64> = v["qps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|q| q["qpn"].as_u64().unwrap())
+        .collect();
+    for q in &qpns {
+        assert!(listed.contains(&u64::from(*q)), "QP {q:#x} in {listed:x?}");
+    }
+    stop.store(true, Ordering::Relaxed);
+    for t in threads {
+        t.join().unwrap();
+    }
+    let _ = std::fs::remove_dir_all(&d);
+}
+
 /// Dropping a server ends its thread (shutdown(2) wakes the accept), rather than leaving it
 /// blocked on a socket nobody can reach. Counted by thread name, in a child process of its own
 /// (other tests' servers run in parallel in this one).
