@@ -2,8 +2,10 @@
 use rocemu_emulator::engine::{Engine, IdleStrategy};
 use rocemu_emulator::inproc::Impairments;
 use rocemu_emulator::port::af_packet::{AfPacketOptions, AfPacketPort, Fanout, KernelGuard};
+use rocemu_emulator::port::af_xdp::AfXdpPort;
 use rocemu_emulator::port::impair::ImpairedPort;
 use rocemu_emulator::port::open::open_datapath;
+use rocemu_emulator::port::steered::steered;
 use rocemu_emulator::port::Port;
 use rocemu_emulator::rng::Seed;
 use rocemu_emulator::rnic::cc::{CcAlgo, CcConfig, CC_PARAMS};
@@ -156,10 +158,12 @@ pub fn open(
     open_sharded(dev, ip, mac, pcap, impair, seed, name, cc, 1)
 }
 
-/// [`open`], the device split into `threads` shards (`threads` > 1: AF_PACKET only), one per
-/// polling thread: every shard has the device's MAC, addresses and seed, and a packet socket of
-/// its own in one fanout group whose program hands each frame to the shard that has its QP
-/// (`port::af_packet::Fanout`). Shard 0 answers ARP and neighbour discovery, and `rocemu
+/// [`open`], the device split into `threads` shards (`threads` > 1: AF_PACKET or AF_XDP), one
+/// per polling thread: every shard has the device's MAC, addresses and seed. On AF_PACKET each
+/// has a packet socket of its own in one fanout group whose program hands each frame to the
+/// shard that has its QP (`port::af_packet::Fanout`); on AF_XDP each has the socket of queue k
+/// of the interface, and a frame read on another shard's queue goes to its shard through a
+/// ring (`port::steered`). Shard 0 answers ARP and neighbour discovery, and `rocemu
 /// stats` for the device (every shard's counters summed, every shard's QPs).
 #[allow(clippy::too_many_arguments)]
 pub fn open_sharded(
@@ -186,9 +190,9 @@ pub fn open_sharded(
         if threads > MAX_SHARDS {
             return Err(format!("--threads {threads}: at most {MAX_SHARDS}"));
         }
-        if !dev.starts_with("af_packet:") {
+        if !dev.starts_with("af_packet:") && !dev.starts_with("af_xdp:") {
             return Err(format!(
-                "--threads {threads} on a datapath: af_packet:IFACE only (DPDK and AF_XDP queues are not built yet)"
+                "--threads {threads} on a datapath: af_packet:IFACE or af_xdp:IFACE (DPDK queues are not built yet)"
             ));
         }
         if pcap.is_some() || impair.as_ref().is_some_and(|(i, _)| !i.is_none()) {
@@ -197,25 +201,28 @@ pub fn open_sharded(
             ));
         }
     }
-    let (port, guard) = match dev.strip_prefix("af_packet:").filter(|_| sharded) {
+    let opts = AfPacketOptions {
+        promiscuous,
+        addrs: ips.clone(),
+        fanout: None,
+    };
+    let (port, guard) = if !sharded {
+        let o = open_datapath("--dev", dev, &ips, promiscuous, &open_dpdk)?;
+        (Ports::One(o.port), o.guard)
+    } else if let Some(ifname) = dev.strip_prefix("af_packet:") {
         // Shard 0's port, concrete: it makes the fanout group once its RNIC has its keys.
-        Some(ifname) => {
-            let opts = AfPacketOptions {
-                promiscuous,
-                addrs: ips.clone(),
-                fanout: None,
-            };
-            let p = AfPacketPort::open(ifname, &opts).map_err(|e| e.to_string())?;
-            (Ports::Shard0(Box::new(p)), Some(KernelGuard::new()))
-        }
-        None => {
-            let o = open_datapath("--dev", dev, &ips, promiscuous, &open_dpdk)?;
-            (Ports::One(o.port), o.guard)
-        }
+        let p = AfPacketPort::open(ifname, &opts).map_err(|e| e.to_string())?;
+        (Ports::Shard0(Box::new(p)), Some(KernelGuard::new()))
+    } else {
+        // A socket per queue; the frames each reads are steered to their QP's shard.
+        let ifname = dev.strip_prefix("af_xdp:").unwrap_or(dev);
+        let ps = AfXdpPort::open_shards(ifname, &opts, threads).map_err(|e| e.to_string())?;
+        (Ports::Xdp(ps), Some(KernelGuard::new()))
     };
     let (port_mac, port_mtu, port_name) = match &port {
         Ports::One(p) => (p.mac(), p.mtu(), p.name()),
         Ports::Shard0(p) => (p.mac(), p.mtu(), p.name()),
+        Ports::Xdp(ps) => (ps[0].mac(), ps[0].mtu(), ps[0].name()),
     };
     let mac = mac.unwrap_or(port_mac);
     if mac == Mac([0; 6]) || mac.is_multicast() {
@@ -261,6 +268,23 @@ pub fn open_sharded(
             }
             p
         }
+        Ports::Xdp(ps) => {
+            let boxed: Vec<Box<dyn Port + Send>> = ps
+                .into_iter()
+                .map(|p| Box::new(p) as Box<dyn Port + Send>)
+                .collect();
+            let mut ports = steered(boxed, rnic.qpn_steering()).into_iter();
+            let first = ports.next().expect("shard 0's port");
+            for (k, pk) in ports.enumerate() {
+                let mut c = cfg.clone();
+                c.shard.index = k as u32 + 1;
+                more.push(Endpoint {
+                    rnic: Rnic::new(c),
+                    engine: engine_on(Box::new(pk))?,
+                });
+            }
+            Box::new(first)
+        }
     };
     let mut engine = engine_on(port)?;
     if let Some(p) = pcap {
@@ -298,6 +322,7 @@ pub fn open_sharded(
 enum Ports {
     One(Box<dyn Port + Send>),
     Shard0(Box<AfPacketPort>),
+    Xdp(Vec<AfXdpPort>),
 }
 
 /// An engine on `port`, idling as `ROCEMU_IDLE` says.

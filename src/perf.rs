@@ -378,12 +378,12 @@ fn run_remote(
         });
     }
     if a.threads > 1 {
-        if a.server.is_some() {
-            println!(
-                " rocemu: {} polling threads, one fanout group on {port}",
-                a.threads
-            );
-        }
+        let how = if port.starts_with("af_xdp:") {
+            "a queue each, frames steered to their QP's thread"
+        } else {
+            "a packet socket each, in one fanout group"
+        };
+        println!(" rocemu: {} polling threads on {port} ({how})", a.threads);
         let pool = rocemu_tools::perf_shards::ShardPool::start(std::mem::take(&mut d.more));
         let out = rocemu_tools::perf_shards::perf(&mut d.ep, &pool, &o);
         let more = pool.stop();

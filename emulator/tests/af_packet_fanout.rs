@@ -4,6 +4,7 @@
 //! and everything else (ARP, QP1) to shard 0. A veth pair in a network namespace of its own.
 //! Needs root (scripts/test runs as root).
 mod netns;
+mod steering;
 use rocemu_emulator::port::af_packet::{AfPacketOptions, AfPacketPort, Fanout};
 use rocemu_emulator::port::Port;
 use rocemu_emulator::rnic::{Rnic, RnicConfig, Shard};
@@ -12,74 +13,12 @@ use rocemu_wire::Qpn;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::process::Command;
 use std::time::{Duration, Instant};
+use steering::{arp, number, roce};
 
 const NS: &str = "rnfo";
 const OURS4: Ipv4Addr = Ipv4Addr::new(10, 97, 0, 1);
 const OURS6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x97, 0, 0, 0, 0, 0, 1);
-const SRC: [u8; 6] = [0x02, 0x52, 0x4e, 0x47, 0x00, 0x07];
 const SHARDS: u32 = 3;
-
-/// A RoCEv2 frame to `dst` whose BTH names `qpn`, numbered `n` in its payload.
-fn roce(mac: [u8; 6], dst: IpAddr, qpn: u32, n: u32) -> Vec<u8> {
-    let mut f = mac.to_vec();
-    f.extend_from_slice(&SRC);
-    let mut bth = vec![0x0a, 0, 0xff, 0xff, 0];
-    bth.extend_from_slice(&qpn.to_be_bytes()[1..]);
-    bth.extend_from_slice(&[0, 0, 0, 1]);
-    let mut l4 = 49152u16.to_be_bytes().to_vec();
-    l4.extend_from_slice(&4791u16.to_be_bytes());
-    let udp_len = 8 + bth.len() + 16 + 4;
-    l4.extend_from_slice(&(udp_len as u16).to_be_bytes());
-    l4.extend_from_slice(&[0, 0]);
-    l4.extend_from_slice(&bth);
-    l4.extend_from_slice(&n.to_be_bytes());
-    l4.resize(udp_len, 0);
-    match dst {
-        IpAddr::V4(d) => {
-            f.extend_from_slice(&[0x08, 0x00, 0x45, 0, 0, 0, 0, 1, 0x40, 0, 64, 17, 0, 0]);
-            f[16..18].copy_from_slice(&((20 + udp_len) as u16).to_be_bytes());
-            f.extend_from_slice(&[10, 97, 0, 2]);
-            f.extend_from_slice(&d.octets());
-            let sum = rocemu_wire::ip::ipv4_checksum(&f[14..34]);
-            f[24..26].copy_from_slice(&sum.to_be_bytes());
-        }
-        IpAddr::V6(d) => {
-            f.extend_from_slice(&[0x86, 0xdd, 0x60, 0, 0, 0]);
-            f.extend_from_slice(&(udp_len as u16).to_be_bytes());
-            f.extend_from_slice(&[17, 64]);
-            f.extend_from_slice(&Ipv6Addr::new(0xfd00, 0x97, 0, 0, 0, 0, 0, 2).octets());
-            f.extend_from_slice(&d.octets());
-        }
-    }
-    f.extend_from_slice(&l4);
-    f
-}
-
-/// An ARP request for our IPv4 address, numbered `n` in its target hardware address.
-fn arp(n: u32) -> Vec<u8> {
-    let mut f = vec![0xff; 6];
-    f.extend_from_slice(&SRC);
-    f.extend_from_slice(&[0x08, 0x06, 0, 1, 0x08, 0, 6, 4, 0, 1]);
-    f.extend_from_slice(&SRC);
-    f.extend_from_slice(&[10, 97, 0, 2, 0, 0]);
-    f.extend_from_slice(&n.to_be_bytes());
-    f.extend_from_slice(&OURS4.octets());
-    f
-}
-
-/// The number a frame of this test carries, if it is one.
-fn number(f: &[u8]) -> Option<u32> {
-    if f.len() < 42 || f[6..12] != SRC {
-        return None;
-    }
-    let at = match u16::from_be_bytes([f[12], f[13]]) {
-        0x0806 => 34,
-        0x0800 => 14 + 20 + 8 + 12,
-        0x86dd => 14 + 40 + 8 + 12,
-        _ => return None,
-    };
-    Some(u32::from_be_bytes(f.get(at..at + 4)?.try_into().ok()?))
-}
 
 #[test]
 fn the_fanout_program_hands_each_frame_to_the_shard_of_its_qp() {
@@ -139,10 +78,10 @@ fn the_fanout_program_hands_each_frame_to_the_shard_of_its_qp() {
         };
         let k = rnic.shard_of_qpn(Qpn::new(qpn));
         assert_eq!(k as u32, steering.shard_of(qpn));
-        want.push((roce(mac, dst, qpn, n), k));
+        want.push((roce(mac, dst, qpn, n, 49152), k));
     }
     for n in 3000..3020u32 {
-        want.push((arp(n), 0));
+        want.push((arp(n, OURS4), 0));
     }
     let per_shard: Vec<usize> = (0..SHARDS as usize)
         .map(|k| want.iter().filter(|w| w.1 == k).count())

@@ -40,11 +40,15 @@ pub use prog::XdpMode;
 /// An AF_XDP socket on one queue of an interface, and what it needs.
 #[derive(Debug)]
 pub struct AfXdpPort {
-    // Dropped first: the program stops redirecting before the socket goes.
-    redirect: prog::Redirect,
+    // Dropped first: the program stops redirecting before the socket goes. A device's later
+    // shard has none: its socket is in shard 0's map.
+    redirect: Option<prog::Redirect>,
     xsk: xsk::Xsk,
-    /// ARP and neighbour discovery, copied (see the module docs).
-    neighbours: AfPacketPort,
+    /// ARP and neighbour discovery, copied (see the module docs); shard 0's only.
+    neighbours: Option<AfPacketPort>,
+    mac: Mac,
+    mtu: usize,
+    cap: usize,
     /// Readable when either socket has a frame: what an idle engine sleeps on.
     epoll: OwnedFd,
     ifname: String,
@@ -97,6 +101,15 @@ impl AfXdpPort {
     /// datagrams to `opts.addrs` (at least one), and attaches the XDP program that redirects
     /// them. Needs CAP_NET_ADMIN, CAP_BPF and CAP_NET_RAW (root).
     pub fn open(ifname: &str, opts: &AfPacketOptions) -> Result<AfXdpPort, PortError> {
+        Self::open_with(ifname, opts, 1)
+    }
+
+    /// [`open`](Self::open), with room in the program's map for queues 0 to `queues` - 1.
+    fn open_with(
+        ifname: &str,
+        opts: &AfPacketOptions,
+        queues_wanted: usize,
+    ) -> Result<AfXdpPort, PortError> {
         let cname = CString::new(ifname).map_err(|_| port_err(ifname, "not an interface name"))?;
         if ifname.is_empty() {
             return Err(port_err(ifname, "not an interface name"));
@@ -149,8 +162,8 @@ impl AfXdpPort {
             ));
         }
         let xsk = xsk::Xsk::open(ifindex, queue).map_err(|e| port_err(ifname, e))?;
-        let redirect =
-            prog::attach(ifindex, &opts.addrs, xsk.fd(), queue).map_err(|e| port_err(ifname, e))?;
+        let redirect = prog::attach(ifindex, &opts.addrs, xsk.fd(), queue, queues_wanted as u32)
+            .map_err(|e| port_err(ifname, e))?;
         let epoll = epoll_of(&[
             xsk.fd().as_raw_fd(),
             neighbours.wait_fd().expect("a packet socket"),
@@ -164,9 +177,12 @@ impl AfXdpPort {
             "af_xdp: socket bound, XDP program attached"
         );
         Ok(AfXdpPort {
-            redirect,
+            redirect: Some(redirect),
             xsk,
-            neighbours,
+            mac: neighbours.mac(),
+            mtu: neighbours.mtu(),
+            cap: neighbours.frame_capacity(),
+            neighbours: Some(neighbours),
             epoll,
             ifname: ifname.to_string(),
             queue,
@@ -175,14 +191,84 @@ impl AfXdpPort {
         })
     }
 
+    /// A device on `n` threads: a socket on each of queues 0 to n - 1 of `ifname` (which must
+    /// have as many receive queues), the first as [`open`](Self::open) makes it (the XDP
+    /// program, ARP and neighbour discovery) and the others in its map. A frame is read by
+    /// the socket of the queue it arrives on, whichever shard has its QP: steer them
+    /// (`port::steered`).
+    pub fn open_shards(
+        ifname: &str,
+        opts: &AfPacketOptions,
+        n: usize,
+    ) -> Result<Vec<AfXdpPort>, PortError> {
+        // (/sys shows the namespace it was mounted in: a thread that entered another with
+        // setns(2) without remounting finds no such interface there, and binding finds out.)
+        let queues =
+            std::fs::metadata(format!("/sys/class/net/{ifname}")).map_or(n, |_| rx_queues(ifname));
+        if queues < n {
+            return Err(port_err(
+                ifname,
+                format!(
+                    "{queues} receive queue(s), and {n} threads need a queue each \
+                     (ethtool -L {ifname} combined {n}; a veth: numrxqueues {n} numtxqueues {n})"
+                ),
+            ));
+        }
+        if std::env::var("ROCEMU_AF_XDP_QUEUE").is_ok() {
+            return Err(port_err(
+                ifname,
+                "ROCEMU_AF_XDP_QUEUE: a device on several threads uses queues 0 to N - 1",
+            ));
+        }
+        let first = AfXdpPort::open_with(ifname, opts, n)?;
+        let ifindex = {
+            let cname = CString::new(ifname).map_err(|_| port_err(ifname, "not a name"))?;
+            // SAFETY: `cname` is a NUL-terminated string that outlives the call.
+            unsafe { libc::if_nametoindex(cname.as_ptr()) }
+        };
+        let mut ports = Vec::with_capacity(n);
+        for q in 1..n as u32 {
+            let xsk = xsk::Xsk::open(ifindex, q).map_err(|e| {
+                port_err(
+                    ifname,
+                    format!("queue {q} of the {n} the threads need: {e}"),
+                )
+            })?;
+            first
+                .redirect
+                .as_ref()
+                .expect("shard 0 attached the program")
+                .add(q, xsk.fd())
+                .map_err(|e| port_err(ifname, e))?;
+            let epoll = epoll_of(&[xsk.fd().as_raw_fd()])
+                .map_err(|e| port_err(ifname, format!("epoll: {e}")))?;
+            ports.push(AfXdpPort {
+                redirect: None,
+                xsk,
+                neighbours: None,
+                mac: first.mac,
+                mtu: first.mtu,
+                cap: first.cap,
+                epoll,
+                ifname: ifname.to_string(),
+                queue: q,
+                stats: PortStats::default(),
+                neighbour_frames: 0,
+            });
+        }
+        ports.insert(0, first);
+        Ok(ports)
+    }
+
     /// True when the socket is bound in zero-copy mode (copy mode otherwise: veth).
     pub fn zerocopy(&self) -> bool {
         self.xsk.zerocopy
     }
 
-    /// How the XDP program is attached.
+    /// How the XDP program is attached (a later shard's socket: as shard 0's; reported as
+    /// native).
     pub fn xdp_mode(&self) -> XdpMode {
-        self.redirect.mode
+        self.redirect.as_ref().map_or(XdpMode::Native, |r| r.mode)
     }
 
     /// The queue the socket is bound to.
@@ -204,8 +290,8 @@ impl Port for AfXdpPort {
         self.stats.rx_bytes += bytes;
         self.stats.rx_dropped += bad;
         let mut m = 0;
-        if n < max {
-            m = self.neighbours.rx_burst(max - n, f);
+        if let Some(nb) = self.neighbours.as_mut().filter(|_| n < max) {
+            m = nb.rx_burst(max - n, f);
             self.neighbour_frames += m as u64;
         }
         n + m
@@ -228,22 +314,26 @@ impl Port for AfXdpPort {
     }
 
     fn mac(&self) -> Mac {
-        self.neighbours.mac()
+        self.mac
     }
 
     fn frame_capacity(&self) -> usize {
-        self.neighbours.frame_capacity()
+        self.cap
     }
 
     fn mtu(&self) -> usize {
-        self.neighbours.mtu()
+        self.mtu
     }
 
     /// Ours, with the kernel's drops of the socket (a full RX ring, no chunk on the fill ring)
     /// and the packet socket's.
     fn stats(&self) -> PortStats {
         let k = self.xsk.kernel_stats();
-        let side = self.neighbours.stats();
+        let side = self
+            .neighbours
+            .as_ref()
+            .map(|n| n.stats())
+            .unwrap_or_default();
         let mut s = self.stats;
         s.rx_frames += side.rx_frames;
         s.rx_bytes += side.rx_bytes;
@@ -257,7 +347,12 @@ impl Port for AfXdpPort {
     /// every turn of the engine, and the one of them counted here (descriptors the kernel found
     /// invalid on the TX ring) is never expected (the port writes every descriptor itself).
     fn faults(&self) -> (u64, u64) {
-        (self.stats.tx_dropped, self.neighbours.stats().link_downed)
+        (
+            self.stats.tx_dropped,
+            self.neighbours
+                .as_ref()
+                .map_or(0, |n| n.stats().link_downed),
+        )
     }
 
     fn name(&self) -> String {

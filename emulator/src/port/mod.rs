@@ -17,6 +17,7 @@ pub mod af_xdp;
 pub mod impair;
 pub mod open;
 pub mod pipe;
+pub mod steered;
 
 use rocemu_wire::eth::Mac;
 use std::fmt;

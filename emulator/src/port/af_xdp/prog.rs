@@ -93,13 +93,35 @@ fn err(e: io::Error, what: &str) -> io::Error {
     io::Error::new(e.kind(), format!("{what}: {e}{hint}"))
 }
 
-/// Creates the XSKMAP with the socket `xsk` at index `queue`, loads the program for `addrs` and
-/// attaches it to interface `ifindex`: natively where the driver can, otherwise generic.
+impl Redirect {
+    /// Puts socket `xsk` in the map at index `queue`: the program then redirects that queue's
+    /// frames to it (a device's later shard, each on a queue of its own).
+    pub(super) fn add(&self, queue: u32, xsk: &OwnedFd) -> io::Result<()> {
+        map_put(&self._map, queue, xsk)
+    }
+}
+
+fn map_put(map: &OwnedFd, queue: u32, xsk: &OwnedFd) -> io::Result<()> {
+    // map_fd; key; value; flags (BPF_MAP_UPDATE_ELEM).
+    let key = queue;
+    let value = xsk.as_raw_fd() as u32;
+    let mut attr = [0u64; 16];
+    attr[0] = map.as_raw_fd() as u64;
+    attr[1] = &key as *const u32 as u64;
+    attr[2] = &value as *const u32 as u64;
+    bpf(BPF_MAP_UPDATE_ELEM, &mut attr).map_err(|e| err(e, "XSKMAP update"))?;
+    Ok(())
+}
+
+/// Creates the XSKMAP (room for queues 0 to `queues` - 1, and `queue`) with the socket `xsk`
+/// at index `queue`, loads the program for `addrs` and attaches it to interface `ifindex`:
+/// natively where the driver can, otherwise generic.
 pub(super) fn attach(
     ifindex: u32,
     addrs: &[IpAddr],
     xsk: &OwnedFd,
     queue: u32,
+    queues: u32,
 ) -> io::Result<Redirect> {
     if addrs.is_empty() {
         return Err(io::Error::new(
@@ -110,16 +132,9 @@ pub(super) fn attach(
     // map_type, key_size; value_size, max_entries (`struct bpf_attr`, BPF_MAP_CREATE).
     let mut attr = [0u64; 16];
     attr[0] = u64::from(BPF_MAP_TYPE_XSKMAP) | (4 << 32);
-    attr[1] = 4 | (u64::from(queue + 1) << 32);
+    attr[1] = 4 | (u64::from((queue + 1).max(queues)) << 32);
     let map = bpf(BPF_MAP_CREATE, &mut attr).map_err(|e| err(e, "XSKMAP"))?;
-    // map_fd; key; value; flags (BPF_MAP_UPDATE_ELEM).
-    let key = queue;
-    let value = xsk.as_raw_fd() as u32;
-    let mut attr = [0u64; 16];
-    attr[0] = map.as_raw_fd() as u64;
-    attr[1] = &key as *const u32 as u64;
-    attr[2] = &value as *const u32 as u64;
-    bpf(BPF_MAP_UPDATE_ELEM, &mut attr).map_err(|e| err(e, "XSKMAP update"))?;
+    map_put(&map, queue, xsk)?;
 
     let insns = program(addrs, map.as_raw_fd()).ok_or_else(|| {
         io::Error::new(

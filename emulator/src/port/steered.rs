@@ -1,0 +1,155 @@
+//! One port per polling thread of a device on several threads whose frames arrive on whichever
+//! queue the interface chose (AF_XDP queues: a veth picks the sender's queue, a NIC its RSS
+//! hash of the UDP ports), not on their QP's: [`steered`] wraps each shard's port so that a frame
+//! read by the wrong shard goes to the right one through a ring (`crate::steer`: one copy, no
+//! lock), as `Rnic::shard_of_frame` names it (the BTH's DestQP at fixed offsets; anything else is
+//! shard 0's). The engine above sees a port that gives it its own shard's frames only.
+//!
+//! Invariants: every frame read is given to exactly one shard's engine, or counted in the
+//! reading shard's `rx_dropped` when the owner's ring is full (as a NIC's full queue drops;
+//! RC retransmits it); rings are bounded, so nothing grows with a slow thread.
+use super::{Port, PortStats};
+use crate::rnic::QpnSteering;
+use crate::steer::{frame_ring, FrameRx, FrameTx};
+use rocemu_wire::eth::Mac;
+use std::os::fd::RawFd;
+
+/// Slots of each ring between two shards.
+pub const STEER_SLOTS: usize = 1024;
+
+/// A shard's port, steering the frames it reads to their shards.
+pub struct SteeredPort {
+    inner: Box<dyn Port + Send>,
+    k: usize,
+    steering: QpnSteering,
+    /// To each other shard (none to this one).
+    to: Vec<Option<FrameTx>>,
+    /// From each other shard.
+    from: Vec<FrameRx>,
+    steered: u64,
+    dropped: u64,
+}
+
+impl std::fmt::Debug for SteeredPort {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SteeredPort")
+            .field("shard", &self.k)
+            .field("steered", &self.steered)
+            .field("dropped", &self.dropped)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Wraps shard k's port `ports[k]` of a device whose QPNs `steering` places.
+pub fn steered(ports: Vec<Box<dyn Port + Send>>, steering: QpnSteering) -> Vec<SteeredPort> {
+    let n = ports.len();
+    let slot = ports.iter().map(|p| p.frame_capacity()).max().unwrap_or(0);
+    let mut to: Vec<Vec<Option<FrameTx>>> =
+        (0..n).map(|_| (0..n).map(|_| None).collect()).collect();
+    let mut from: Vec<Vec<FrameRx>> = (0..n).map(|_| Vec::new()).collect();
+    for (i, row) in to.iter_mut().enumerate() {
+        for (j, t) in row.iter_mut().enumerate() {
+            if i != j {
+                let (tx, rx) = frame_ring(STEER_SLOTS, slot);
+                *t = Some(tx);
+                from[j].push(rx);
+            }
+        }
+    }
+    ports
+        .into_iter()
+        .zip(to.into_iter().zip(from))
+        .enumerate()
+        .map(|(k, (inner, (to, from)))| SteeredPort {
+            inner,
+            k,
+            steering,
+            to,
+            from,
+            steered: 0,
+            dropped: 0,
+        })
+        .collect()
+}
+
+impl SteeredPort {
+    /// Frames this shard read and handed to another.
+    pub fn steered(&self) -> u64 {
+        self.steered
+    }
+}
+
+impl Port for SteeredPort {
+    fn rx_burst(&mut self, max: usize, f: &mut dyn FnMut(&mut [u8])) -> usize {
+        // What the others read for this shard first, then the queue's own frames.
+        let mut n = 0;
+        for rx in &mut self.from {
+            while n < max && rx.pop_with(&mut *f).is_some() {
+                n += 1;
+            }
+        }
+        if n < max {
+            let (k, st) = (self.k, self.steering);
+            let (to, steered, dropped) = (&mut self.to, &mut self.steered, &mut self.dropped);
+            n += self.inner.rx_burst(max - n, &mut |frame| {
+                let s = match rocemu_wire::frame::dest_qpn(frame) {
+                    Some(q) => st.shard_of(q.value()) as usize,
+                    None => 0,
+                };
+                if s == k {
+                    f(frame);
+                } else if to[s].as_mut().is_some_and(|t| t.push(frame)) {
+                    *steered += 1;
+                } else {
+                    *dropped += 1;
+                }
+            });
+        }
+        n
+    }
+
+    fn tx_burst(&mut self, max: usize, fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>) -> usize {
+        self.inner.tx_burst(max, fill)
+    }
+
+    fn flush(&mut self) -> bool {
+        self.inner.flush()
+    }
+
+    fn tx_held(&self) -> bool {
+        self.inner.tx_held()
+    }
+
+    fn mac(&self) -> Mac {
+        self.inner.mac()
+    }
+
+    fn frame_capacity(&self) -> usize {
+        self.inner.frame_capacity()
+    }
+
+    fn mtu(&self) -> usize {
+        self.inner.mtu()
+    }
+
+    /// The port's, with the frames dropped at another shard's full ring.
+    fn stats(&self) -> PortStats {
+        let mut s = self.inner.stats();
+        s.rx_dropped += self.dropped;
+        s
+    }
+
+    fn faults(&self) -> (u64, u64) {
+        self.inner.faults()
+    }
+
+    fn name(&self) -> String {
+        self.inner.name()
+    }
+
+    /// The port's descriptor: a frame another shard steered here does not wake it (an idle
+    /// engine that blocks finds it at its next turn, within its nap).
+    fn wait_fd(&self) -> Option<RawFd> {
+        self.inner.wait_fd()
+    }
+}
