@@ -107,7 +107,9 @@ pub struct Args {
     /// one per thread, the QPs dealt out round robin (-q at least N). In process, a frame for
     /// another thread's QP is steered to that thread; with --dev af_packet:IFACE each thread
     /// has a packet socket in one fanout group whose eBPF program hands each frame to the
-    /// thread of its QP (root; the peer may run any number of threads, or be perftest).
+    /// thread of its QP; with --dev af_xdp:IFACE each thread has the socket of a queue (the
+    /// interface needs N) and frames are steered to their QP's thread. Root; the peer may run
+    /// any number of threads, or be perftest.
     #[arg(long, default_value_t = 1, value_name = "N")]
     threads: usize,
     /// With --threads: put each connection's server QP on the next thread's shard, so that
