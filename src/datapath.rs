@@ -241,6 +241,7 @@ pub fn open_sharded(
     };
     let rnic = Rnic::new(cfg.clone());
     let mut more = Vec::new();
+    let mut wake = None;
     let port: Box<dyn Port + Send> = match port {
         Ports::One(port) => match impair {
             Some((imp, seed)) if !imp.is_none() => Box::new(ImpairedPort::new(port, imp, seed)),
@@ -273,20 +274,30 @@ pub fn open_sharded(
                 .into_iter()
                 .map(|p| Box::new(p) as Box<dyn Port + Send>)
                 .collect();
-            let mut ports = steered(boxed, rnic.qpn_steering()).into_iter();
+            let (ports, table) = steered(boxed, rnic.qpn_steering());
+            let mut ports = ports.into_iter();
             let first = ports.next().expect("shard 0's port");
             for (k, pk) in ports.enumerate() {
                 let mut c = cfg.clone();
                 c.shard.index = k as u32 + 1;
+                let mut engine = engine_on(Box::new(pk))?;
+                table.set(
+                    k + 1,
+                    engine.doorbell().map_err(|e| format!("eventfd: {e}"))?,
+                );
                 more.push(Endpoint {
                     rnic: Rnic::new(c),
-                    engine: engine_on(Box::new(pk))?,
+                    engine,
                 });
             }
+            wake = Some(table);
             Box::new(first)
         }
     };
     let mut engine = engine_on(port)?;
+    if let Some(t) = wake {
+        t.set(0, engine.doorbell().map_err(|e| format!("eventfd: {e}"))?);
+    }
     if let Some(p) = pcap {
         engine.record(p)?;
     }

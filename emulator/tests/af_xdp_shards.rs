@@ -64,7 +64,7 @@ fn frames_read_on_either_queue_reach_the_shard_of_their_qp() {
         .into_iter()
         .map(|p| Box::new(p) as Box<dyn Port + Send>)
         .collect();
-    let mut ports = steered(boxed, rnic.qpn_steering());
+    let (mut ports, _) = steered(boxed, rnic.qpn_steering());
     let mut tx = AfPacketPort::open("rxsh1", &AfPacketOptions::default()).expect("open rxsh1");
 
     let mut want: Vec<(Vec<u8>, usize)> = Vec::new();

@@ -9,10 +9,27 @@
 //! reading shard's `rx_dropped` when the owner's ring is full (as a NIC's full queue drops;
 //! RC retransmits it); rings are bounded, so nothing grows with a slow thread.
 use super::{Port, PortStats};
+use crate::engine::Doorbell;
 use crate::rnic::QpnSteering;
 use crate::steer::{frame_ring, FrameRx, FrameTx};
 use rocemu_wire::eth::Mac;
 use std::os::fd::RawFd;
+use std::sync::{Arc, OnceLock};
+
+/// Each shard's engine's doorbell, once its engine has one ([`WakeTable::set`]): a shard that
+/// hands frames to another rings it, so that an engine asleep in `ppoll` (the `wake` idle
+/// strategy) takes them at once rather than at the end of its nap.
+#[derive(Debug, Default)]
+pub struct WakeTable(Vec<OnceLock<Arc<Doorbell>>>);
+
+impl WakeTable {
+    /// Shard `k`'s engine's doorbell (from `Engine::doorbell`); a second call is ignored.
+    pub fn set(&self, k: usize, d: Arc<Doorbell>) {
+        if let Some(slot) = self.0.get(k) {
+            let _ = slot.set(d);
+        }
+    }
+}
 
 /// Slots of each ring between two shards.
 pub const STEER_SLOTS: usize = 1024;
@@ -28,6 +45,7 @@ pub struct SteeredPort {
     from: Vec<FrameRx>,
     steered: u64,
     dropped: u64,
+    wake: Arc<WakeTable>,
 }
 
 impl std::fmt::Debug for SteeredPort {
@@ -40,9 +58,14 @@ impl std::fmt::Debug for SteeredPort {
     }
 }
 
-/// Wraps shard k's port `ports[k]` of a device whose QPNs `steering` places.
-pub fn steered(ports: Vec<Box<dyn Port + Send>>, steering: QpnSteering) -> Vec<SteeredPort> {
+/// Wraps shard k's port `ports[k]` of a device whose QPNs `steering` places; the table is for
+/// the shards' engines' doorbells.
+pub fn steered(
+    ports: Vec<Box<dyn Port + Send>>,
+    steering: QpnSteering,
+) -> (Vec<SteeredPort>, Arc<WakeTable>) {
     let n = ports.len();
+    let wake = Arc::new(WakeTable((0..n).map(|_| OnceLock::new()).collect()));
     let slot = ports.iter().map(|p| p.frame_capacity()).max().unwrap_or(0);
     let mut to: Vec<Vec<Option<FrameTx>>> =
         (0..n).map(|_| (0..n).map(|_| None).collect()).collect();
@@ -56,7 +79,7 @@ pub fn steered(ports: Vec<Box<dyn Port + Send>>, steering: QpnSteering) -> Vec<S
             }
         }
     }
-    ports
+    let ports = ports
         .into_iter()
         .zip(to.into_iter().zip(from))
         .enumerate()
@@ -68,8 +91,10 @@ pub fn steered(ports: Vec<Box<dyn Port + Send>>, steering: QpnSteering) -> Vec<S
             from,
             steered: 0,
             dropped: 0,
+            wake: wake.clone(),
         })
-        .collect()
+        .collect();
+    (ports, wake)
 }
 
 impl SteeredPort {
@@ -91,6 +116,8 @@ impl Port for SteeredPort {
         if n < max {
             let (k, st) = (self.k, self.steering);
             let (to, steered, dropped) = (&mut self.to, &mut self.steered, &mut self.dropped);
+            // The shards handed frames in this burst (one bit each; at most 64 shards).
+            let mut handed = 0u64;
             n += self.inner.rx_burst(max - n, &mut |frame| {
                 let s = match rocemu_wire::frame::dest_qpn(frame) {
                     Some(q) => st.shard_of(q.value()) as usize,
@@ -100,10 +127,18 @@ impl Port for SteeredPort {
                     f(frame);
                 } else if to[s].as_mut().is_some_and(|t| t.push(frame)) {
                     *steered += 1;
+                    handed |= 1 << (s % 64);
                 } else {
                     *dropped += 1;
                 }
             });
+            while handed != 0 {
+                let s = handed.trailing_zeros() as usize;
+                handed &= handed - 1;
+                if let Some(d) = self.wake.0.get(s).and_then(OnceLock::get) {
+                    d.ring();
+                }
+            }
         }
         n
     }
@@ -147,8 +182,8 @@ impl Port for SteeredPort {
         self.inner.name()
     }
 
-    /// The port's descriptor: a frame another shard steered here does not wake it (an idle
-    /// engine that blocks finds it at its next turn, within its nap).
+    /// The port's descriptor (a frame another shard steered here rings this shard's engine's
+    /// doorbell instead: see [`WakeTable`]).
     fn wait_fd(&self) -> Option<RawFd> {
         self.inner.wait_fd()
     }
