@@ -85,6 +85,16 @@ pub struct CmAgent {
     /// With [`mra_on_req`](Self::mra_on_req): the MRA goes out with the first REQ too (true,
     /// the default), or only for a repeat, as Linux's rdma_cm sends it (false).
     pub mra_at_once: bool,
+    /// How long a REQ for a service nobody listens on waits for a listener before it is
+    /// refused (REJ "invalid service ID"): a server that makes its listener again between two
+    /// connections (perftest's `-R` does, for its test QP after its exchange) gets the REQ that
+    /// beat its `rdma_listen` by a moment, a race a kernel's slower address and route resolution
+    /// on the active side usually hides. [`CmAgent::DEFAULT_LISTEN_GRACE`]; zero refuses at once,
+    /// as Linux's ib_cm does. At most [`CmAgent::MAX_PARKED`] REQs wait; further ones are
+    /// refused at once.
+    pub listen_grace: Nanos,
+    /// REQs for a service nobody listened on yet, oldest first: (refuse at, peer, tid, REQ).
+    parked: VecDeque<(Nanos, IpAddr, Tid, ReqRepr)>,
     listens: Vec<ServiceId>,
     /// By local comm id: a `BTreeMap`, so that nothing depends on a hasher's order.
     conns: BTreeMap<u32, Conn>,
@@ -119,6 +129,10 @@ impl CmAgent {
     /// for a lost DREP, REP for a lost RTU) still finds the connection; a bounded stay, where
     /// Linux's ib_cm derives its own from the path's packet lifetime (unverified).
     pub const DEFAULT_TIME_WAIT: Nanos = Nanos(4_294_967_296);
+    /// [`CmAgent::listen_grace`]'s default: 200 ms.
+    pub const DEFAULT_LISTEN_GRACE: Nanos = Nanos::from_millis(200);
+    /// The most REQs that wait for a listener at once.
+    pub const MAX_PARKED: usize = 64;
 
     /// An agent whose IDs replay from `seed` (the simulator, tests).
     pub fn new(local_ip: IpAddr, guid: u64, seed: u64) -> CmAgent {
@@ -139,6 +153,8 @@ impl CmAgent {
             time_wait: Self::DEFAULT_TIME_WAIT,
             mra_on_req: None,
             mra_at_once: true,
+            listen_grace: Self::DEFAULT_LISTEN_GRACE,
+            parked: VecDeque::new(),
             listens: Vec::new(),
             conns: BTreeMap::new(),
             by_remote: HashMap::new(),
@@ -155,6 +171,16 @@ impl CmAgent {
     pub fn listen(&mut self, service: ServiceId) {
         if !self.listens.contains(&service) {
             self.listens.push(service);
+        }
+        // The REQs that came for it a moment early (see `listen_grace`).
+        let now = self.now;
+        let (early, rest): (VecDeque<_>, VecDeque<_>) = std::mem::take(&mut self.parked)
+            .into_iter()
+            .partition(|(_, _, _, r)| r.service_id == service);
+        self.parked = rest;
+        for (_, from, tid, r) in early {
+            self.counters.reqs_received -= 1; // counted when it came
+            self.on_req(now, from, tid, r);
         }
     }
 
@@ -794,6 +820,22 @@ impl CmAgent {
             (from, CmMadRepr::new(tid, CmMessage::Rej(rej)))
         };
         if !self.listens.contains(&r.service_id) {
+            let parked = self
+                .parked
+                .iter()
+                .any(|(_, f, _, p)| *f == from && p.local_comm_id == r.local_comm_id);
+            if parked {
+                // A repeat of a REQ that waits for its listener.
+                self.counters.reqs_received -= 1;
+                self.counters.reqs_duplicate += 1;
+                return;
+            }
+            if self.listen_grace > Nanos::ZERO && self.parked.len() < Self::MAX_PARKED {
+                tracing::debug!(peer = %from, service = r.service_id.0, "CM: REQ for a service nobody listens on yet: held for a listener");
+                self.parked
+                    .push_back((now + self.listen_grace, from, tid, r));
+                return;
+            }
             self.counters.reqs_no_listener += 1;
             tracing::debug!(peer = %from, service = r.service_id.0, "CM: REQ for a service nobody listens on: REJ sent");
             self.out.push_back(refuse(RejReason::INVALID_SERVICE_ID));
@@ -926,7 +968,11 @@ impl CmAgent {
     }
 
     pub fn poll_timeout(&self) -> Option<Nanos> {
-        self.book.timers.first().map(|&(d, _)| d)
+        let parked = self.parked.front().map(|p| p.0);
+        match (self.book.timers.first().map(|&(d, _)| d), parked) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Retransmits what is due, gives up on what has run out of retries, forgets the REQs and
@@ -935,6 +981,21 @@ impl CmAgent {
     /// (deadline, comm id). Idempotent for a given `now`.
     pub fn handle_timeout(&mut self, now: Nanos) {
         self.tick(now);
+        // REQs whose listener did not come in time: refused now.
+        while self.parked.front().is_some_and(|p| p.0 <= now) {
+            let (_, from, tid, r) = self.parked.pop_front().expect("checked");
+            self.counters.reqs_no_listener += 1;
+            tracing::debug!(peer = %from, service = r.service_id.0, "CM: REQ for a service nobody listens on: REJ sent");
+            let rej = RejRepr {
+                local_comm_id: CommId(0),
+                remote_comm_id: r.local_comm_id,
+                message_rejected: MsgKind::Req,
+                reason: RejReason::INVALID_SERVICE_ID,
+                ..RejRepr::default()
+            };
+            self.out
+                .push_back((from, CmMadRepr::new(tid, CmMessage::Rej(rej))));
+        }
         let wait = Nanos(timeout_nanos(self.cm_response_timeout));
         let until = now + self.time_wait;
         while let Some(&(d, id)) = self.book.timers.first() {

@@ -403,7 +403,19 @@ fn free_id(s: &mut Service, id: *mut rdma_cm_id) {
         s.agent.close(c);
         s.by_comm.remove(&c.0);
     }
-    s.listeners.retain(|_, l| *l != id as usize);
+    // A listener's service goes from the CM agent too: a REQ for it then waits a moment for
+    // the next listener (perftest -R listens again on the same port) instead of reaching a
+    // listener that is gone and being refused at once.
+    let gone: Vec<u64> = s
+        .listeners
+        .iter()
+        .filter(|(_, l)| **l == id as usize)
+        .map(|(&sid, _)| sid)
+        .collect();
+    for sid in gone {
+        s.listeners.remove(&sid);
+        s.agent.unlisten(rocemu_wire::cm::ServiceId(sid));
+    }
     s.drop_events_of(id as usize);
     // Requests on a listener that the program never took: their ids go with it.
     if st.st == St::Listen {
