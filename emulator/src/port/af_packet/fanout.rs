@@ -13,8 +13,8 @@
 //!
 //! The program is a socket filter, loaded with `bpf(2)` and handed to the group with
 //! `PACKET_FANOUT_DATA` (Linux 4.3+); the group ignores outgoing frames
-//! (`PACKET_FANOUT_FLAG_IGNORE_OUTGOING`, Linux 5.13+), as each socket does on its own. Needs
-//! CAP_NET_ADMIN and CAP_BPF (root).
+//! (`PACKET_FANOUT_FLAG_IGNORE_OUTGOING`: posted to net-next in October 2022, so Linux 6.2+,
+//! unverified), as each socket does on its own. Needs CAP_NET_ADMIN and CAP_BPF (root).
 #![allow(unsafe_code)]
 
 use super::tcx::{load, Asm, Insn, EXIT, JA, MOV64_K, MOV64_X};
@@ -150,7 +150,7 @@ pub(super) fn join(fd: &OwnedFd, f: &Fanout) -> Result<u16, String> {
                 PACKET_FANOUT,
                 (kind | PACKET_FANOUT_FLAG_UNIQUEID) << 16,
             )
-            .map_err(|e| format!("PACKET_FANOUT (Linux 5.13+ for its flags): {e}"))?;
+            .map_err(|e| format!("PACKET_FANOUT (Linux 6.2+ for its flags): {e}"))?;
             set_u32(fd, PACKET_FANOUT_DATA, prog.as_raw_fd() as u32)
                 .map_err(|e| format!("PACKET_FANOUT_DATA (the fanout program): {e}"))?;
             // The group holds the program now; our descriptor may go.
