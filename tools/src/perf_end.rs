@@ -387,6 +387,23 @@ pub(crate) fn run_client(
     Ok(r)
 }
 
+/// [`run_client`], then [`verify`] when asked.
+pub(crate) fn run_client_verified(
+    ep: &mut Endpoint,
+    o: &PerfOpts,
+    s: &PerfSetup,
+    rem: &[PerftestDest],
+    mtu: Mtu,
+) -> Result<Report, String> {
+    let mut r = run_client(ep, o, s, rem, mtu)?;
+    if o.verify {
+        let (ok, detail) = verify(ep, o, s, rem)?;
+        r.verified = Some(ok);
+        r.verify_detail = detail;
+    }
+    Ok(r)
+}
+
 /// Checks the run through the wire by reading back the server's regions (a RoCEmu server
 /// grants that; perftest's own does not, so --verify needs a RoCEmu server).
 pub(crate) fn verify(

@@ -13,19 +13,17 @@ use crate::oob::{
 };
 use crate::perf::Report;
 use crate::perf_end::{
-    destroy_qps, dests, perf_connect_to, perf_qps, perf_resources, post_server_recvs, run_client,
-    serve_send, verify, PerfSetup, RX_DEPTH,
+    destroy_qps, dests, perf_connect_to, perf_qps, perf_resources, post_server_recvs,
+    run_client_verified, serve_send, PerfSetup, RX_DEPTH,
 };
 use crate::remote::{
-    client_report, gid_ip, serve_lingering, Endpoint, Exchange, PerfOpts, PerfOutcome, Step,
-    TcpExchange, LINGER,
+    bw_report, client_report, gid_ip, serve_lingering, turn_with_jobs, Endpoint, Exchange, Job,
+    PerfOpts, PerfOutcome, Step, TcpExchange, LINGER,
 };
 use rocemu_emulator::rnic::Mtu;
 use std::sync::mpsc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
-
-type Job = Box<dyn FnOnce(&mut Endpoint) + Send>;
+use std::time::Duration;
 
 /// Shards 1 to N - 1 of a device, each turning its engine on a thread of its own between the
 /// jobs it is handed.
@@ -45,22 +43,7 @@ impl ShardPool {
                 let h = std::thread::Builder::new()
                     .name(format!("rocemu-shard{}", i + 1))
                     .spawn(move || {
-                        loop {
-                            match rx.try_recv() {
-                                Ok(job) => job(&mut ep),
-                                Err(mpsc::TryRecvError::Empty) => {}
-                                Err(mpsc::TryRecvError::Disconnected) => break,
-                            }
-                            let w = ep.engine.poll(&mut ep.rnic);
-                            ep.engine.idle(w);
-                        }
-                        // The last ACKs and answers, as `remote::serve` lingers.
-                        let until = Instant::now() + LINGER;
-                        while Instant::now() < until {
-                            let w = ep.engine.poll(&mut ep.rnic);
-                            ep.engine.idle(w);
-                        }
-                        ep.engine.flush();
+                        turn_with_jobs(&mut ep, &rx, LINGER);
                         ep
                     })
                     .expect("a thread for a shard");
@@ -312,10 +295,16 @@ fn run(
     let waits: Vec<_> = (1..n)
         .map(|k| {
             let (ok, s, remk) = (opts[k].clone(), setups[k].clone(), split(&rem, k));
-            pool.spawn(k, move |ep| client_part(ep, &ok, &s, &remk, mtu))
+            pool.spawn(k, move |ep| run_client_verified(ep, &ok, &s, &remk, mtu))
         })
         .collect();
-    let mut parts = vec![client_part(ep, &opts[0], &setups[0], &split(&rem, 0), mtu)?];
+    let mut parts = vec![run_client_verified(
+        ep,
+        &opts[0],
+        &setups[0],
+        &split(&rem, 0),
+        mtu,
+    )?];
     for (k, w) in waits.into_iter().enumerate() {
         let r = w
             .recv()
@@ -332,33 +321,8 @@ fn run(
             .join(", ")
     ));
     let rep = merge(o, parts);
-    let b = BwReport {
-        size: o.size as u64,
-        iters: rep.messages,
-        bw_peak: rep.bw_peak_mbps * 1e6 / 1048576.0,
-        bw_avg: rep.bytes as f64 / rep.seconds / 1048576.0,
-        msg_rate_avg: rep.mpps,
-        per_port: None,
-    };
-    ex.step(ep, &my0, Step::Finish(test, &b), false)?;
+    ex.step(ep, &my0, Step::Finish(test, &bw_report(o, &rep)), false)?;
     Ok(outcome(Some(rep), lines))
-}
-
-/// One shard's run of its QPs, verified when asked.
-fn client_part(
-    ep: &mut Endpoint,
-    o: &PerfOpts,
-    s: &PerfSetup,
-    rem: &[PerftestDest],
-    mtu: Mtu,
-) -> Result<Report, String> {
-    let mut r = run_client(ep, o, s, rem, mtu)?;
-    if o.verify {
-        let (ok, detail) = verify(ep, o, s, rem)?;
-        r.verified = Some(ok);
-        r.verify_detail = detail;
-    }
-    Ok(r)
 }
 
 /// The shards' reports as one: messages, bytes and packets summed, the longest shard's time,

@@ -16,8 +16,8 @@ use crate::oob::{
 };
 use crate::perf::Report;
 use crate::perf_end::{
-    destroy_qps, dests, perf_connect, perf_qps, perf_resources, post_server_recvs, run_client,
-    run_lat, serve_send, verify, PerfResources, PerfSetup, RX_DEPTH,
+    destroy_qps, dests, perf_connect, perf_qps, perf_resources, post_server_recvs,
+    run_client_verified, run_lat, serve_send, PerfResources, PerfSetup, RX_DEPTH,
 };
 use rocemu_emulator::engine::Engine;
 use rocemu_emulator::rnic::*;
@@ -33,7 +33,7 @@ pub struct Endpoint {
     pub engine: Engine,
 }
 
-type Job = Box<dyn FnOnce(&mut Endpoint) + Send>;
+pub(crate) type Job = Box<dyn FnOnce(&mut Endpoint) + Send>;
 
 /// The out-of-band thread's handle on the engine's thread.
 #[derive(Debug, Clone)]
@@ -75,24 +75,30 @@ pub fn serve_lingering<T: Send>(
     let (tx, rx) = mpsc::channel::<Job>();
     std::thread::scope(|s| {
         let h = s.spawn(move || control(Ctl { tx }));
-        loop {
-            match rx.try_recv() {
-                Ok(job) => job(ep),
-                Err(mpsc::TryRecvError::Empty) => {}
-                Err(mpsc::TryRecvError::Disconnected) => break,
-            }
-            let w = ep.engine.poll(&mut ep.rnic);
-            ep.engine.idle(w);
-        }
-        // Let the last ACKs and answers leave before the port closes.
-        let until = Instant::now() + linger;
-        while Instant::now() < until {
-            let w = ep.engine.poll(&mut ep.rnic);
-            ep.engine.idle(w);
-        }
-        ep.engine.flush();
+        turn_with_jobs(ep, &rx, linger);
         h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))
     })
+}
+
+/// Turns `ep`'s engine, running the jobs that come on `rx` between turns, until every sender
+/// is gone; then answers for `linger` more (the last ACKs and answers leave before the port
+/// closes) and flushes the port.
+pub(crate) fn turn_with_jobs(ep: &mut Endpoint, rx: &mpsc::Receiver<Job>, linger: Duration) {
+    loop {
+        match rx.try_recv() {
+            Ok(job) => job(ep),
+            Err(mpsc::TryRecvError::Empty) => {}
+            Err(mpsc::TryRecvError::Disconnected) => break,
+        }
+        let w = ep.engine.poll(&mut ep.rnic);
+        ep.engine.idle(w);
+    }
+    let until = Instant::now() + linger;
+    while Instant::now() < until {
+        let w = ep.engine.poll(&mut ep.rnic);
+        ep.engine.idle(w);
+    }
+    ep.engine.flush();
 }
 
 /// The GID of an address as it goes on the wire (IPv4-mapped for IPv4).
@@ -436,27 +442,26 @@ pub(crate) fn data_phase(
             lines,
         });
     }
-    let mut rep = run_client(ep, o, setup, rem, mtu)?;
-    if o.verify {
-        let (ok, detail) = verify(ep, o, setup, rem)?;
-        rep.verified = Some(ok);
-        rep.verify_detail = detail;
-    }
-    let b = BwReport {
-        size: o.size as u64,
-        iters: rep.messages,
-        bw_peak: rep.bw_peak_mbps * 1e6 / 1048576.0,
-        bw_avg: rep.bytes as f64 / rep.seconds / 1048576.0,
-        msg_rate_avg: rep.mpps,
-        per_port: None,
-    };
-    ex.step(ep, &my0, Step::Finish(test, &b), false)?;
+    let rep = run_client_verified(ep, o, setup, rem, mtu)?;
+    ex.step(ep, &my0, Step::Finish(test, &bw_report(o, &rep)), false)?;
     Ok(PerfOutcome {
         report: Some(rep),
         peer_version,
         mtu: mtu.bytes(),
         lines,
     })
+}
+
+/// What the client tells the server of its run in perftest's closing exchange.
+pub(crate) fn bw_report(o: &PerfOpts, rep: &Report) -> BwReport {
+    BwReport {
+        size: o.size as u64,
+        iters: rep.messages,
+        bw_peak: rep.bw_peak_mbps * 1e6 / 1048576.0,
+        bw_avg: rep.bytes as f64 / rep.seconds / 1048576.0,
+        msg_rate_avg: rep.mpps,
+        per_port: None,
+    }
 }
 
 /// The client's figures as its report said them (what perftest's server prints).
