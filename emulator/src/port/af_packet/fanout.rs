@@ -17,7 +17,7 @@
 //! unverified), as each socket does on its own. Needs CAP_NET_ADMIN and CAP_BPF (root).
 #![allow(unsafe_code)]
 
-use super::tcx::{load, Asm, Insn, EXIT, JA, MOV64_K, MOV64_X};
+use super::tcx::{load, Asm, Insn, EXIT, JA, LD_IMM64, MOV64_K, MOV64_X};
 use crate::rnic::{QpnSteering, QPN_MIX};
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -34,7 +34,6 @@ const BPF_PROG_TYPE_SOCKET_FILTER: u32 = 1;
 const LD_ABS_B: u8 = 0x30; // r0 = *(u8 *)(skb + imm)
 const LD_ABS_H: u8 = 0x28; // r0 = ntohs(*(u16 *)(skb + imm))
 const LD_ABS_W: u8 = 0x20; // r0 = ntohl(*(u32 *)(skb + imm))
-const LD_IMM64: u8 = 0x18; // dst = imm64 (two instructions)
 const XOR64_X: u8 = 0xaf;
 const OR64_X: u8 = 0x4f;
 const MUL64_X: u8 = 0x2f;

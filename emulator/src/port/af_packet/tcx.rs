@@ -46,6 +46,7 @@ const JEQ32_K: u8 = 0x16; // if dst == imm (32 bits) goto
 const JNE32_K: u8 = 0x56; // if dst != imm (32 bits) goto
 pub(crate) const JA: u8 = 0x05; // goto
 pub(crate) const EXIT: u8 = 0x95;
+pub(crate) const LD_IMM64: u8 = 0x18; // dst = imm64 (two instructions)
 
 /// `struct bpf_insn`.
 #[repr(C)]

@@ -16,7 +16,7 @@
 //! process however it dies.
 #![allow(unsafe_code)]
 
-use super::super::af_packet::tcx::{bpf, match_roce, Asm, EXIT, LDX_W, MOV64_K};
+use super::super::af_packet::tcx::{bpf, match_roce, Asm, EXIT, LDX_W, LD_IMM64, MOV64_K};
 use std::io;
 use std::net::IpAddr;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -34,7 +34,6 @@ const XDP_FLAGS_DRV_MODE: u32 = 1 << 2;
 const XDP_PASS: i32 = 2;
 const BPF_FUNC_REDIRECT_MAP: i32 = 51;
 const BPF_PSEUDO_MAP_FD: u8 = 1;
-const LD_IMM64: u8 = 0x18;
 const CALL: u8 = 0x85;
 
 // `struct xdp_md`: data, data_end, rx_queue_index.
