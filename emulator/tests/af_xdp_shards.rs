@@ -14,8 +14,7 @@ use rocemu_emulator::rnic::{Rnic, RnicConfig, Shard};
 use rocemu_wire::eth::Mac;
 use rocemu_wire::Qpn;
 use std::net::{IpAddr, Ipv4Addr};
-use std::time::{Duration, Instant};
-use steering::{number, roce};
+use steering::{deliver, roce};
 
 const NS: &str = "rxsh";
 const OURS: Ipv4Addr = Ipv4Addr::new(10, 97, 0, 1);
@@ -80,43 +79,9 @@ fn frames_read_on_either_queue_reach_the_shard_of_their_qp() {
             k,
         ));
     }
-    let mut queue: Vec<&Vec<u8>> = want.iter().rev().map(|w| &w.0).collect();
-    let mut got: Vec<Option<usize>> = vec![None; want.len()];
-    let mut wrong = Vec::new();
-    let t = Instant::now();
-    let mut burst = 0usize;
-    while t.elapsed() < Duration::from_secs(5) && got.iter().any(Option::is_none) {
-        // A packet socket's frame leaves on the queue of the sending CPU (af_packet's
-        // packet_pick_tx_queue), and a veth delivers it on the same queue: alternate CPUs.
-        burst += 1;
-        on_cpu(burst % 2);
-        tx.tx_burst(16, &mut |b| {
-            let f = queue.pop()?;
-            b[..f.len()].copy_from_slice(f);
-            Some(f.len())
-        });
-        tx.flush();
-        for (k, p) in ports.iter_mut().enumerate() {
-            p.rx_burst(32, &mut |f| {
-                if let Some(n) = number(f) {
-                    let n = n as usize;
-                    assert!(got[n].is_none(), "frame {n} read twice");
-                    got[n] = Some(k);
-                    if want[n].1 != k {
-                        wrong.push((n, k, want[n].1));
-                    }
-                }
-            });
-        }
-        std::thread::sleep(Duration::from_micros(200));
-    }
-    let lost = got.iter().filter(|g| g.is_none()).count();
-    assert_eq!(lost, 0, "frames no shard read");
-    assert!(
-        wrong.is_empty(),
-        "(frame, read by, should be) {:?}",
-        &wrong[..wrong.len().min(10)]
-    );
+    // A packet socket's frame leaves on the queue of the sending CPU (af_packet's
+    // packet_pick_tx_queue), and a veth delivers it on the same queue: alternate CPUs.
+    deliver(&mut tx, &mut ports, &want, 5, |burst| on_cpu(burst % 2));
     // Both queues had frames of the other shard's QPs.
     let steered: Vec<u64> = ports.iter().map(|p| p.steered()).collect();
     assert!(

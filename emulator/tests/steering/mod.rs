@@ -1,7 +1,9 @@
 //! Frames for the tests of a device on several threads: RoCEv2 frames to a given QPN and ARP
 //! requests, each numbered, and the number read back.
 #![allow(dead_code)]
+use rocemu_emulator::port::Port;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::time::{Duration, Instant};
 
 pub const SRC: [u8; 6] = [0x02, 0x52, 0x4e, 0x47, 0x00, 0x07];
 
@@ -65,4 +67,51 @@ pub fn number(f: &[u8]) -> Option<u32> {
         _ => return None,
     };
     Some(u32::from_be_bytes(f.get(at..at + 4)?.try_into().ok()?))
+}
+
+/// Sends the frames of `want` from `tx` in bursts (`before` is called ahead of each, with its
+/// number from 1), reads every port in turn for up to `secs` seconds, and checks that each
+/// frame was read once, by the port its entry names (frames are numbered by their index).
+pub fn deliver<P: Port>(
+    tx: &mut impl Port,
+    ports: &mut [P],
+    want: &[(Vec<u8>, usize)],
+    secs: u64,
+    mut before: impl FnMut(usize),
+) {
+    let mut queue: Vec<&Vec<u8>> = want.iter().rev().map(|w| &w.0).collect();
+    let mut got: Vec<Option<usize>> = vec![None; want.len()];
+    let mut wrong = Vec::new();
+    let t = Instant::now();
+    let mut burst = 0usize;
+    while t.elapsed() < Duration::from_secs(secs) && got.iter().any(Option::is_none) {
+        burst += 1;
+        before(burst);
+        tx.tx_burst(16, &mut |b| {
+            let f = queue.pop()?;
+            b[..f.len()].copy_from_slice(f);
+            Some(f.len())
+        });
+        tx.flush();
+        for (k, p) in ports.iter_mut().enumerate() {
+            p.rx_burst(32, &mut |f| {
+                if let Some(n) = number(f) {
+                    let n = n as usize;
+                    assert!(got[n].is_none(), "frame {n} read twice");
+                    got[n] = Some(k);
+                    if want[n].1 != k {
+                        wrong.push((n, k, want[n].1));
+                    }
+                }
+            });
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    let lost = got.iter().filter(|g| g.is_none()).count();
+    assert_eq!(lost, 0, "frames no shard read");
+    assert!(
+        wrong.is_empty(),
+        "(frame, read by, should be) {:?}",
+        &wrong[..wrong.len().min(10)]
+    );
 }
