@@ -34,6 +34,8 @@ struct Inner {
 
 impl Drop for Inner {
     fn drop(&mut self) {
+        // The interrupt thread, if the gate runs it, is parked for good first.
+        crate::gate::close();
         // SAFETY: the last `Eal` is gone, and with it every value of this crate that used DPDK
         // (they all hold an `Eal`), so nothing of the EAL is in use from Rust any more.
         unsafe { sys::rte_eal_cleanup() };

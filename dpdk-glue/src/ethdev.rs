@@ -11,6 +11,7 @@
 //! takes any MTU, and on a kernel interface (`iface=IFACE`) carries jumbo frames.
 use crate::eal::{port_name, Eal};
 use crate::error::{check, Error, Result, ENOTSUP};
+use crate::gate;
 use crate::mempool::{Mbuf, Mempool};
 use rocemu_dpdk_sys as sys;
 use rocemu_emulator::port::BURST;
@@ -56,6 +57,8 @@ pub struct EthPort {
     name: String,
     driver: String,
     pool: Mempool,
+    /// Bursts run under the interrupt-thread gate (see `gate`): memif remaps its rings there.
+    gated: bool,
     /// Queues are not thread-safe: `Send`, not `Sync`.
     _not_sync: PhantomData<Cell<()>>,
 }
@@ -237,6 +240,10 @@ impl EthPort {
         };
         info.check_mtu("rte_eth_dev_configure", mtu)?;
         let DevInfo { name, driver, .. } = info;
+        let gated = gate::needs_gate(&driver);
+        if gated {
+            gate::install()?;
+        }
         let frame = usize::from(mtu) + FRAME_OVERHEAD;
         if frame > pool.frame_room() {
             return Err(Error::other(
@@ -288,6 +295,7 @@ impl EthPort {
             name,
             driver,
             pool: pool.clone(),
+            gated,
             _not_sync: PhantomData,
         };
         if config.promiscuous {
@@ -356,6 +364,12 @@ impl EthPort {
         Ok(())
     }
 
+    /// The interrupt-thread gate for a burst on this port and the use of its frames (nothing
+    /// for drivers that need none): see `gate.rs`.
+    pub(crate) fn gate(&self) -> Option<gate::Entered> {
+        self.gated.then(gate::enter)
+    }
+
     /// Whether the link is up (`rte_eth_link_get_nowait`).
     pub fn link_up(&self) -> bool {
         let mut link = sys::rte_eth_link::default();
@@ -366,6 +380,7 @@ impl EthPort {
 
     /// Receives up to `max` frames and appends them to `out`; returns how many.
     pub fn rx_burst(&mut self, out: &mut Vec<Mbuf>, max: usize) -> usize {
+        let _gate = self.gate();
         let mut total = 0;
         while total < max {
             let want = (max - total).min(BURST);
@@ -392,6 +407,7 @@ impl EthPort {
     /// Hands frames from the front of `pkts` to the driver; those it took are removed (they
     /// belong to the driver now), the rest stay, in order. Returns how many it took.
     pub fn tx_burst(&mut self, pkts: &mut Vec<Mbuf>) -> usize {
+        let _gate = self.gate();
         let mut total = 0;
         while !pkts.is_empty() {
             let want = pkts.len().min(BURST);
@@ -418,6 +434,8 @@ impl EthPort {
 
 impl Drop for EthPort {
     fn drop(&mut self) {
+        // Under the gate: memif's stop unmaps the rings, as its interrupt-thread disconnect does.
+        let _gate = self.gate();
         // SAFETY: the port is ours and started; stopping it ends all queue use, and closing it
         // frees its queues (and the mbufs in their rings) while `self.pool` still lives. A
         // failure cannot be acted on here: the port is gone either way.

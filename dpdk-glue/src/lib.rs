@@ -9,6 +9,8 @@
 //! * The EAL is initialised at most once per process ([`Eal::init`] fails the second time).
 //! * No safe function takes or returns a raw pointer; every `unsafe` block says why it holds.
 //! * An mbuf the driver accepted is the driver's: it is never freed or read again here.
+//! * No burst on a `net_memif` port runs while the EAL's interrupt thread runs drivers'
+//!   callbacks (memif unmaps its rings there when the peer leaves): see `gate.rs`.
 //!
 //! Drivers: with DPDK linked as shared libraries (as Debian ships it), `rte_eal_init` loads every
 //! poll-mode driver from the EAL's built-in plugin directory ([`PMD_DIR`]); nothing needs `-d`.
@@ -28,6 +30,7 @@ mod args;
 mod eal;
 mod error;
 mod ethdev;
+mod gate;
 mod mempool;
 mod port;
 

@@ -221,7 +221,9 @@ impl DpdkPort {
         if self.backlog.is_empty() || limit == 0 {
             return 0;
         }
+        let gate = self.eth.gate();
         let (n, bytes) = self.backlog.send(self.eth.id(), limit);
+        drop(gate);
         self.stats.tx_frames += n as u64;
         self.stats.tx_bytes += bytes;
         if self.backlog.is_empty() {
@@ -243,6 +245,8 @@ impl DpdkPort {
 
 impl Port for DpdkPort {
     fn rx_burst(&mut self, max: usize, f: &mut dyn FnMut(&mut [u8])) -> usize {
+        // Held until the frames are freed (a zero-copy memif's lie in its shared region).
+        let _gate = self.eth.gate();
         if !self.backlog.is_empty() {
             self.drain_backlog(BURST);
         }
@@ -288,6 +292,7 @@ impl Port for DpdkPort {
     }
 
     fn tx_burst(&mut self, max: usize, fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>) -> usize {
+        let _gate = self.eth.gate();
         let mut sent = self.drain_backlog(max);
         if !self.backlog.is_empty() {
             return sent;

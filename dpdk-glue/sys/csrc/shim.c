@@ -1,6 +1,9 @@
 /* See shim.h. Compiled with the cflags pkg-config gives for libdpdk (rte_config.h first). */
+/* rte_intr_instance_alloc and the handle setters are still experimental in DPDK 22.11. */
+#define ALLOW_EXPERIMENTAL_API
 #include <rte_errno.h>
 #include <rte_ethdev.h>
+#include <rte_interrupts.h>
 #include <rte_lcore.h>
 #include <rte_mbuf.h>
 #include <rte_mempool.h>
@@ -50,4 +53,19 @@ struct rte_mempool *rocemu_pktmbuf_pool(const struct rte_mbuf *m) { return m->po
 
 uint16_t rocemu_pktmbuf_data_room_size(struct rte_mempool *mp) {
     return rte_pktmbuf_data_room_size(mp);
+}
+
+int rocemu_intr_watch(int fd, void (*cb)(void *), void *arg) {
+    struct rte_intr_handle *h = rte_intr_instance_alloc(RTE_INTR_INSTANCE_F_PRIVATE);
+    if (h == NULL)
+        return -rte_errno;
+    if (rte_intr_fd_set(h, fd) != 0 || rte_intr_type_set(h, RTE_INTR_HANDLE_EXT) != 0) {
+        int e = rte_errno;
+        rte_intr_instance_free(h);
+        return -e;
+    }
+    int ret = rte_intr_callback_register(h, cb, arg);
+    if (ret < 0)
+        rte_intr_instance_free(h);
+    return ret;
 }

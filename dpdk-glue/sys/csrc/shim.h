@@ -36,4 +36,9 @@ struct rte_mempool *rocemu_pktmbuf_pool(const struct rte_mbuf *m);
 /* rte_pktmbuf_data_room_size(mp): data room of each mbuf of a pktmbuf pool, headroom included. */
 uint16_t rocemu_pktmbuf_data_room_size(struct rte_mempool *mp);
 
+/* Runs `cb(arg)` on the EAL's interrupt thread each time `fd` (an eventfd or pipe the caller
+ * keeps open for the life of the process) is readable: rte_intr_instance_alloc, an EXT handle
+ * on `fd`, rte_intr_callback_register. 0, or a negative errno. The handle is never freed. */
+int rocemu_intr_watch(int fd, void (*cb)(void *), void *arg);
+
 #endif
