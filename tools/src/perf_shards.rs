@@ -277,10 +277,8 @@ fn run(
                 })
                 .collect();
             let mut got = serve_send(ep, &opts[0], &setups[0])?;
-            for (k, w) in waits.into_iter().enumerate() {
-                got += w
-                    .recv()
-                    .map_err(|_| format!("shard {}'s thread ended", k + 1))??;
+            for r in gather(ep, waits)? {
+                got += r;
             }
             ex.step(ep, &my0, Step::Close, false)?;
             lines.push(format!(" server: {got} messages received"));
@@ -305,13 +303,7 @@ fn run(
         &split(&rem, 0),
         mtu,
     )?];
-    for (k, w) in waits.into_iter().enumerate() {
-        let r = w
-            .recv()
-            .map_err(|_| format!("shard {}'s thread ended", k + 1))?
-            .map_err(|e| format!("shard {}: {e}", k + 1))?;
-        parts.push(r);
-    }
+    parts.extend(gather(ep, waits)?);
     lines.push(format!(
         " messages per thread: {}",
         parts
@@ -323,6 +315,27 @@ fn run(
     let rep = merge(o, parts);
     ex.step(ep, &my0, Step::Finish(test, &bw_report(o, &rep)), false)?;
     Ok(outcome(Some(rep), lines))
+}
+
+/// What shards 1 to N - 1 return, in shard order, while shard 0's engine keeps turning: on a
+/// datapath whose queues the kernel does not steer (AF_XDP, DPDK), frames for another shard's
+/// QPs arrive on shard 0's queue too, and a shard 0 that stopped reading them would leave
+/// those QPs to time out (it did: two retransmission timeouts a run over DPDK).
+fn gather<T: Send>(
+    ep: &mut Endpoint,
+    waits: Vec<mpsc::Receiver<Result<T, String>>>,
+) -> Result<Vec<T>, String> {
+    serve_lingering(ep, Duration::ZERO, move |_| {
+        waits
+            .into_iter()
+            .enumerate()
+            .map(|(k, w)| {
+                w.recv()
+                    .map_err(|_| format!("shard {}'s thread ended", k + 1))?
+                    .map_err(|e| format!("shard {}: {e}", k + 1))
+            })
+            .collect()
+    })
 }
 
 /// The shards' reports as one: messages, bytes and packets summed, the longest shard's time,
