@@ -133,6 +133,11 @@ impl FrameTx {
         true
     }
 
+    /// The longest frame a slot holds ([`FrameTx::push`] refuses longer ones).
+    pub fn slot_bytes(&self) -> usize {
+        self.s.slot_bytes
+    }
+
     /// Frames pushed and not yet taken, as far as this end knows.
     pub fn queued(&self) -> usize {
         self.tail - self.s.head.0.load(Ordering::Relaxed)

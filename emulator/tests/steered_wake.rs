@@ -2,6 +2,7 @@
 //! to 10 s here): a frame that arrives on shard 0's port for a QP of shard 1 is handed over
 //! (`port::steered`) and shard 1's engine is woken through the `WakeTable` at once, not at the
 //! end of its nap. Without the doorbell the frame would wait for the nap (the test then fails).
+//! And a shard that finds another's ring full waits for room rather than dropping.
 use rocemu_emulator::engine::{Engine, IdleStrategy};
 use rocemu_emulator::port::steered::steered;
 use rocemu_emulator::port::{Port, PortStats};
@@ -146,4 +147,64 @@ fn a_sleeping_shard_is_woken_for_a_frame_steered_to_it() {
     // Rung while shard 1 slept (the naps had grown to hundreds of milliseconds), and in time.
     assert!(bells[1].rung() >= 1, "shard 1's doorbell was not rung");
     assert!(took < Duration::from_millis(100), "took {took:?}");
+}
+
+/// A frame for shard `qpn`'s QP carrying `seq` after its headers.
+fn roce_frame(qpn: u32, seq: u32) -> Vec<u8> {
+    let mut f = vec![0u8; 14 + 20 + 8 + 12 + 4];
+    f[12..14].copy_from_slice(&[0x08, 0x00]);
+    f[14] = 0x45;
+    f[23] = 17;
+    f[36..38].copy_from_slice(&4791u16.to_be_bytes());
+    f[14 + 20 + 8 + 5..14 + 20 + 8 + 8].copy_from_slice(&qpn.to_be_bytes()[1..]);
+    f[54..58].copy_from_slice(&seq.to_be_bytes());
+    f
+}
+
+/// Shard 0 reads three rings' worth of frames for shard 1 at once while shard 1 takes them in
+/// slowly: shard 0 waits for room rather than dropping, and every frame arrives once, in order.
+/// (Before, the 1,025th frame and all after it in the burst were dropped.)
+#[test]
+fn a_full_ring_waits_for_its_reader_instead_of_dropping() {
+    use rocemu_emulator::port::steered::STEER_SLOTS;
+    let ip: IpAddr = "10.0.0.1".parse().unwrap();
+    let mut qs = Vec::new();
+    let mut ports: Vec<Box<dyn Port + Send>> = Vec::new();
+    for _ in 0..2 {
+        let q = Arc::new(Mutex::new(VecDeque::new()));
+        let efd = Arc::new(eventfd());
+        qs.push(q.clone());
+        ports.push(Box::new(TestPort { q, efd }));
+    }
+    let mut c = RnicConfig::new(Mac([2, 0, 0, 0, 0, 1]), ip, 5);
+    c.shard = Shard { index: 0, count: 2 };
+    let steering = Rnic::new(c).qpn_steering();
+    let qpn = (2u32..).find(|&q| steering.shard_of(q) == 1).unwrap();
+    let total = 3 * STEER_SLOTS as u32;
+    qs[0]
+        .lock()
+        .unwrap()
+        .extend((0..total).map(|i| roce_frame(qpn, i)));
+    let (ports, _table) = steered(ports, steering);
+    let mut ports = ports.into_iter();
+    let (mut p0, mut p1) = (ports.next().unwrap(), ports.next().unwrap());
+    let reader = std::thread::spawn(move || {
+        let mut got = Vec::new();
+        let until = Instant::now() + Duration::from_secs(30);
+        while got.len() < total as usize && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(1));
+            p1.rx_burst(64, &mut |f| {
+                got.push(u32::from_be_bytes(f[54..58].try_into().unwrap()))
+            });
+        }
+        got
+    });
+    // One burst asks for all of them.
+    p0.rx_burst(usize::MAX, &mut |_| {
+        panic!("a frame of shard 1's given to shard 0")
+    });
+    let got = reader.join().unwrap();
+    assert_eq!(p0.stats().rx_dropped, 0, "shard 0 dropped frames");
+    assert_eq!(got.len(), total as usize);
+    assert!(got.iter().copied().eq(0..total), "out of order");
 }

@@ -6,8 +6,10 @@
 //! shard 0's). The engine above sees a port that gives it its own shard's frames only.
 //!
 //! Invariants: every frame read is given to exactly one shard's engine, or counted in the
-//! reading shard's `rx_dropped` when the owner's ring is full (as a NIC's full queue drops;
-//! RC retransmits it); rings are bounded, so nothing grows with a slow thread.
+//! reading shard's `rx_dropped` when the owner's ring stayed full for [`PUSH_TRIES`] yields
+//! (as a NIC's full queue drops; RC retransmits it); rings are bounded, so nothing grows with
+//! a slow thread; a shard waiting for room takes in its own frames meanwhile, so two shards
+//! cannot wait on each other.
 use super::{Port, PortStats};
 use crate::engine::Doorbell;
 use crate::rnic::QpnSteering;
@@ -33,6 +35,10 @@ impl WakeTable {
 
 /// Slots of each ring between two shards.
 pub const STEER_SLOTS: usize = 1024;
+
+/// How many times a shard retries a full ring (yielding the CPU between tries) before it drops
+/// the frame.
+const PUSH_TRIES: u32 = 10_000;
 
 /// A shard's port, steering the frames it reads to their shards.
 pub struct SteeredPort {
@@ -114,10 +120,13 @@ impl Port for SteeredPort {
             }
         }
         if n < max {
-            let (k, st) = (self.k, self.steering);
-            let (to, steered, dropped) = (&mut self.to, &mut self.steered, &mut self.dropped);
+            let (k, st, wake) = (self.k, self.steering, &self.wake);
+            let (to, from) = (&mut self.to, &mut self.from);
+            let (steered, dropped) = (&mut self.steered, &mut self.dropped);
             // The shards handed frames in this burst (one bit each; at most 64 shards).
             let mut handed = 0u64;
+            // Frames of ours taken in while waiting for room in another shard's ring.
+            let mut taken = 0;
             n += self.inner.rx_burst(max - n, &mut |frame| {
                 let s = match rocemu_wire::frame::dest_qpn(frame) {
                     Some(q) => st.shard_of(q.value()) as usize,
@@ -125,13 +134,37 @@ impl Port for SteeredPort {
                 };
                 if s == k {
                     f(frame);
-                } else if to[s].as_mut().is_some_and(|t| t.push(frame)) {
-                    *steered += 1;
-                    handed |= 1 << (s % 64);
-                } else {
-                    *dropped += 1;
+                    return;
                 }
+                let Some(t) = to[s].as_mut().filter(|t| frame.len() <= t.slot_bytes()) else {
+                    *dropped += 1;
+                    return;
+                };
+                let mut tries = 0;
+                while !t.push(frame) {
+                    // Shard s is behind (on a machine with fewer cores than polling threads,
+                    // descheduled). Wait for it, boundedly: wake it, take in what it and the
+                    // others handed us (two shards full of each other's frames must not wait
+                    // on each other) and give it the CPU.
+                    if tries == PUSH_TRIES {
+                        *dropped += 1;
+                        return;
+                    }
+                    tries += 1;
+                    if let Some(d) = wake.0.get(s).and_then(OnceLock::get) {
+                        d.ring();
+                    }
+                    for rx in from.iter_mut() {
+                        while rx.pop_with(&mut *f).is_some() {
+                            taken += 1;
+                        }
+                    }
+                    std::thread::yield_now();
+                }
+                *steered += 1;
+                handed |= 1 << (s % 64);
             });
+            n += taken;
             while handed != 0 {
                 let s = handed.trailing_zeros() as usize;
                 handed &= handed - 1;
