@@ -158,12 +158,12 @@ pub fn open(
     open_sharded(dev, ip, mac, pcap, impair, seed, name, cc, 1)
 }
 
-/// [`open`], the device split into `threads` shards (`threads` > 1: AF_PACKET or AF_XDP), one
-/// per polling thread: every shard has the device's MAC, addresses and seed. On AF_PACKET each
-/// has a packet socket of its own in one fanout group whose program hands each frame to the
-/// shard that has its QP (`port::af_packet::Fanout`); on AF_XDP each has the socket of queue k
-/// of the interface, and a frame read on another shard's queue goes to its shard through a
-/// ring (`port::steered`). Shard 0 answers ARP and neighbour discovery, and `rocemu
+/// [`open`], the device split into `threads` shards (`threads` > 1: AF_PACKET, AF_XDP or DPDK),
+/// one per polling thread: every shard has the device's MAC, addresses and seed. On AF_PACKET
+/// each has a packet socket of its own in one fanout group whose program hands each frame to
+/// the shard that has its QP (`port::af_packet::Fanout`); on AF_XDP each has the socket of
+/// queue k of the interface, with DPDK rx and tx queue k of the port, and a frame read on
+/// another shard's queue goes to its shard through a ring (`port::steered`). Shard 0 answers ARP and neighbour discovery, and `rocemu
 /// stats` for the device (every shard's counters summed, every shard's QPs).
 #[allow(clippy::too_many_arguments)]
 pub fn open_sharded(
@@ -190,9 +190,12 @@ pub fn open_sharded(
         if threads > MAX_SHARDS {
             return Err(format!("--threads {threads}: at most {MAX_SHARDS}"));
         }
-        if !dev.starts_with("af_packet:") && !dev.starts_with("af_xdp:") {
+        if !dev.starts_with("af_packet:")
+            && !dev.starts_with("af_xdp:")
+            && !dev.starts_with("dpdk:")
+        {
             return Err(format!(
-                "--threads {threads} on a datapath: af_packet:IFACE or af_xdp:IFACE (DPDK queues are not built yet)"
+                "--threads {threads} on a datapath: af_packet:IFACE, af_xdp:IFACE or dpdk:'EAL ARGS'"
             ));
         }
         if pcap.is_some() || impair.as_ref().is_some_and(|(i, _)| !i.is_none()) {
@@ -213,16 +216,23 @@ pub fn open_sharded(
         // Shard 0's port, concrete: it makes the fanout group once its RNIC has its keys.
         let p = AfPacketPort::open(ifname, &opts).map_err(|e| e.to_string())?;
         (Ports::Shard0(Box::new(p)), Some(KernelGuard::new()))
+    } else if let Some(args) = dev.strip_prefix("dpdk:") {
+        // A DPDK queue per shard; the frames each reads are steered to their QP's shard.
+        (Ports::Queues(open_dpdk_queues(args, threads)?), None)
     } else {
         // A socket per queue; the frames each reads are steered to their QP's shard.
         let ifname = dev.strip_prefix("af_xdp:").unwrap_or(dev);
         let ps = AfXdpPort::open_shards(ifname, &opts, threads).map_err(|e| e.to_string())?;
-        (Ports::Xdp(ps), Some(KernelGuard::new()))
+        let ps = ps
+            .into_iter()
+            .map(|p| Box::new(p) as Box<dyn Port + Send>)
+            .collect();
+        (Ports::Queues(ps), Some(KernelGuard::new()))
     };
     let (port_mac, port_mtu, port_name) = match &port {
         Ports::One(p) => (p.mac(), p.mtu(), p.name()),
         Ports::Shard0(p) => (p.mac(), p.mtu(), p.name()),
-        Ports::Xdp(ps) => (ps[0].mac(), ps[0].mtu(), ps[0].name()),
+        Ports::Queues(ps) => (ps[0].mac(), ps[0].mtu(), ps[0].name()),
     };
     let mac = mac.unwrap_or(port_mac);
     if mac == Mac([0; 6]) || mac.is_multicast() {
@@ -269,12 +279,8 @@ pub fn open_sharded(
             }
             p
         }
-        Ports::Xdp(ps) => {
-            let boxed: Vec<Box<dyn Port + Send>> = ps
-                .into_iter()
-                .map(|p| Box::new(p) as Box<dyn Port + Send>)
-                .collect();
-            let (ports, table) = steered(boxed, rnic.qpn_steering());
+        Ports::Queues(ps) => {
+            let (ports, table) = steered(ps, rnic.qpn_steering());
             let mut ports = ports.into_iter();
             let first = ports.next().expect("shard 0's port");
             for (k, pk) in ports.enumerate() {
@@ -333,7 +339,8 @@ pub fn open_sharded(
 enum Ports {
     One(Box<dyn Port + Send>),
     Shard0(Box<AfPacketPort>),
-    Xdp(Vec<AfXdpPort>),
+    /// A port per queue (AF_XDP, DPDK), shard k's on queue k.
+    Queues(Vec<Box<dyn Port + Send>>),
 }
 
 /// An engine on `port`, idling as `ROCEMU_IDLE` says.
@@ -381,6 +388,23 @@ pub fn parse_ips(arg: &str) -> Result<Vec<IpAddr>, String> {
 fn open_dpdk(args: &str) -> Result<Box<dyn Port + Send>, String> {
     let p = rocemu_dpdk::DpdkPort::open(args).map_err(|e| e.to_string())?;
     Ok(Box::new(p))
+}
+
+/// The first port of the EAL `args` makes, with `n` queues: a port per queue.
+#[cfg(feature = "dpdk")]
+fn open_dpdk_queues(args: &str, n: usize) -> Result<Vec<Box<dyn Port + Send>>, String> {
+    let n = u16::try_from(n).map_err(|_| format!("--threads {n}: too many queues"))?;
+    let config = rocemu_dpdk::DpdkConfig::default();
+    let ps = rocemu_dpdk::DpdkPort::open_queues(args, &config, n).map_err(|e| e.to_string())?;
+    Ok(ps
+        .into_iter()
+        .map(|p| Box::new(p) as Box<dyn Port + Send>)
+        .collect())
+}
+
+#[cfg(not(feature = "dpdk"))]
+fn open_dpdk_queues(args: &str, _n: usize) -> Result<Vec<Box<dyn Port + Send>>, String> {
+    open_dpdk(args).map(|_| Vec::new())
 }
 
 #[cfg(not(feature = "dpdk"))]

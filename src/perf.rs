@@ -108,8 +108,9 @@ pub struct Args {
     /// another thread's QP is steered to that thread; with --dev af_packet:IFACE each thread
     /// has a packet socket in one fanout group whose eBPF program hands each frame to the
     /// thread of its QP; with --dev af_xdp:IFACE each thread has the socket of a queue (the
-    /// interface needs N) and frames are steered to their QP's thread. Root; the peer may run
-    /// any number of threads, or be perftest.
+    /// interface needs N), with --dev dpdk:'EAL ARGS' a queue of the port (e.g.
+    /// net_af_packet's qpairs=N), and frames are steered to their QP's thread. Root; the peer
+    /// may run any number of threads, or be perftest.
     #[arg(long, default_value_t = 1, value_name = "N")]
     threads: usize,
     /// With --threads: put each connection's server QP on the next thread's shard, so that
@@ -380,7 +381,7 @@ fn run_remote(
         });
     }
     if a.threads > 1 {
-        let how = if port.starts_with("af_xdp:") {
+        let how = if port.starts_with("af_xdp:") || port.starts_with("dpdk:") {
             "a queue each, frames steered to their QP's thread"
         } else {
             "a packet socket each, in one fanout group"

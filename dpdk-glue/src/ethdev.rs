@@ -1,8 +1,11 @@
-//! An Ethernet port with one rx and one tx queue, started, as a value: `Drop` stops and closes
-//! it (for a vdev, closing releases the port for the rest of the process).
+//! An Ethernet port with one rx and one tx queue (or [`EthConfig::queues`] of each), started, as
+//! a value: `Drop` stops and closes it (for a vdev, closing releases the port for the rest of
+//! the process).
 //!
-//! Invariants: queue 0 of each direction is used only through `&mut EthPort`; the port holds its
-//! rx pool (and so the EAL), and is closed before that pool can go. An MTU is checked against
+//! Invariants: queue 0 of each direction is used only through `&mut EthPort` (its own bursts)
+//! or by the one [`DpdkPort`](crate::DpdkPort) given that queue; every other `EthPort` method
+//! only reads, so a port shared by the ports of its queues is `Sync`. The port holds its rx pool
+//! (and so the EAL), and is closed before that pool can go. An MTU is checked against
 //! both limits a driver reports (`max_mtu`, and `max_rx_pktlen` less the overhead ethdev counts)
 //! before DPDK sees it, so that a driver that cannot carry the frames says so in words.
 //!
@@ -16,11 +19,15 @@ use crate::mempool::{Mbuf, Mempool};
 use rocemu_dpdk_sys as sys;
 use rocemu_emulator::port::BURST;
 use rocemu_wire::eth::Mac;
-use std::cell::Cell;
 use std::ffi::CStr;
 use std::fmt;
-use std::marker::PhantomData;
 use std::ptr::NonNull;
+
+/// The RSS hash functions asked for with several queues: IPv4 and IPv6 with their UDP ports
+/// (RoCEv2's source port differs by QP), where the driver has them.
+/// (rte_ethdev.h's RTE_ETH_RSS_IPV4, _NONFRAG_IPV4_UDP, _IPV6, _NONFRAG_IPV6_UDP: bits 2, 5, 8
+/// and 11, macros bindgen cannot evaluate.)
+const RSS_IP_UDP: u64 = 1 << 2 | 1 << 5 | 1 << 8 | 1 << 11;
 
 /// Ethernet overhead on top of the MTU that a frame buffer must hold: header (14) and FCS or a
 /// VLAN tag (4), as [`Port::frame_capacity`](rocemu_emulator::port::Port::frame_capacity) counts.
@@ -37,6 +44,9 @@ pub struct EthConfig {
     pub tx_desc: u16,
     /// Receive every frame, not only those to the port's MAC (where the driver can).
     pub promiscuous: bool,
+    /// Rx and tx queues (one each per polling thread); with more than one, RSS on the IP and
+    /// UDP fields where the driver offers it.
+    pub queues: u16,
 }
 
 impl Default for EthConfig {
@@ -46,6 +56,7 @@ impl Default for EthConfig {
             rx_desc: 1024,
             tx_desc: 1024,
             promiscuous: true,
+            queues: 1,
         }
     }
 }
@@ -59,13 +70,16 @@ pub struct EthPort {
     pool: Mempool,
     /// Bursts run under the interrupt-thread gate (see `gate`): memif remaps its rings there.
     gated: bool,
-    /// Queues are not thread-safe: `Send`, not `Sync`.
-    _not_sync: PhantomData<Cell<()>>,
+    queues: u16,
 }
 
-// SAFETY: the port's queues may be used from any one thread at a time, which `&mut self` on
-// every queue operation guarantees; the pool handle is Send.
+// SAFETY: the port's queue 0 may be used from any one thread at a time, which `&mut self` on
+// its queue operations guarantees (another queue belongs to the one DpdkPort given it); the
+// pool handle is Send.
 unsafe impl Send for EthPort {}
+// SAFETY: every `&self` method only reads the port's data (name, MAC, MTU, link) or takes the
+// gate; nothing reaches a queue through `&EthPort`.
+unsafe impl Sync for EthPort {}
 
 impl fmt::Debug for EthPort {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -92,6 +106,10 @@ pub(crate) struct DevInfo {
     pub overhead: u32,
     /// The kernel interface the port sits on (`net_pcap`, `net_af_packet`, `net_tap`, …), or 0.
     pub if_index: u32,
+    /// The most rx and tx queues it can have (the smaller of the two).
+    pub max_queues: u16,
+    /// The RSS hash functions it offers (`flow_type_rss_offloads`).
+    pub rss: u64,
 }
 
 impl DevInfo {
@@ -128,7 +146,28 @@ impl DevInfo {
             max_frame: info.max_rx_pktlen,
             overhead,
             if_index: info.if_index,
+            max_queues: info.max_rx_queues.min(info.max_tx_queues),
+            rss: info.flow_type_rss_offloads,
         })
+    }
+
+    /// Whether the port can have `queues` rx and tx queues; the error says how many it can.
+    pub(crate) fn check_queues(&self, queues: u16) -> Result<()> {
+        if queues <= self.max_queues {
+            return Ok(());
+        }
+        let hint = match self.driver.as_str() {
+            "net_af_packet" => " (the vdev's qpairs=N gives it N)",
+            "net_tap" => " (the vdev's queues=N gives it N)",
+            _ => "",
+        };
+        Err(Error::other(
+            "rte_eth_dev_configure",
+            format!(
+                "{} ({}) has at most {} queues of each kind; {queues} were asked for{hint}",
+                self.name, self.driver, self.max_queues
+            ),
+        ))
     }
 
     /// Whether the driver can do `mtu`; the error says why not, for `func`.
@@ -239,6 +278,9 @@ impl EthPort {
             None => port_mtu(port_id)?,
         };
         info.check_mtu("rte_eth_dev_configure", mtu)?;
+        let queues = config.queues.max(1);
+        info.check_queues(queues)?;
+        let rss = info.rss & RSS_IP_UDP;
         let DevInfo { name, driver, .. } = info;
         let gated = gate::needs_gate(&driver);
         if gated {
@@ -258,10 +300,14 @@ impl EthPort {
 
         let mut conf = sys::rte_eth_conf::default();
         conf.rxmode.mtu = u32::from(mtu);
+        if queues > 1 && rss != 0 {
+            conf.rxmode.mq_mode = sys::RTE_ETH_MQ_RX_RSS;
+            conf.rx_adv_conf.rss_conf.rss_hf = rss;
+        }
         // SAFETY: `conf` is a valid rte_eth_conf (zeroed = driver defaults) read during the call.
-        let ret = unsafe { sys::rte_eth_dev_configure(port_id, 1, 1, &conf) };
+        let ret = unsafe { sys::rte_eth_dev_configure(port_id, queues, queues, &conf) };
         check("rte_eth_dev_configure", ret, || {
-            format!("{name} ({driver}), 1 rx + 1 tx queue, MTU {mtu}")
+            format!("{name} ({driver}), {queues} rx + {queues} tx queues, MTU {mtu}")
         })?;
 
         let (mut nrx, mut ntx) = (config.rx_desc, config.tx_desc);
@@ -273,19 +319,33 @@ impl EthPort {
         let socket = unsafe { sys::rte_eth_dev_socket_id(port_id) };
         // DPDK takes the socket as unsigned with SOCKET_ID_ANY (-1) wrapping, as its examples do.
         let socket = socket as u32;
-        // SAFETY: a NULL rxconf means the driver's defaults; the pool is valid and outlives the
-        // queue because the port holds a handle to it and closes the queue in `Drop` first.
-        let ret = unsafe {
-            sys::rte_eth_rx_queue_setup(port_id, 0, nrx, socket, std::ptr::null(), pool.as_ptr())
-        };
-        check("rte_eth_rx_queue_setup", ret, || {
-            format!("{name}: {nrx} descriptors from pool {}", pool.name())
-        })?;
-        // SAFETY: a NULL txconf means the driver's defaults.
-        let ret = unsafe { sys::rte_eth_tx_queue_setup(port_id, 0, ntx, socket, std::ptr::null()) };
-        check("rte_eth_tx_queue_setup", ret, || {
-            format!("{name}: {ntx} descriptors")
-        })?;
+        for q in 0..queues {
+            // SAFETY: a NULL rxconf means the driver's defaults; the pool is valid and outlives
+            // the queue because the port holds a handle to it and closes the queue in `Drop`
+            // first.
+            let ret = unsafe {
+                sys::rte_eth_rx_queue_setup(
+                    port_id,
+                    q,
+                    nrx,
+                    socket,
+                    std::ptr::null(),
+                    pool.as_ptr(),
+                )
+            };
+            check("rte_eth_rx_queue_setup", ret, || {
+                format!(
+                    "{name} queue {q}: {nrx} descriptors from pool {}",
+                    pool.name()
+                )
+            })?;
+            // SAFETY: a NULL txconf means the driver's defaults.
+            let ret =
+                unsafe { sys::rte_eth_tx_queue_setup(port_id, q, ntx, socket, std::ptr::null()) };
+            check("rte_eth_tx_queue_setup", ret, || {
+                format!("{name} queue {q}: {ntx} descriptors")
+            })?;
+        }
         // SAFETY: the port is configured and its queues are set up.
         let ret = unsafe { sys::rte_eth_dev_start(port_id) };
         check("rte_eth_dev_start", ret, || format!("{name} ({driver})"))?;
@@ -296,7 +356,7 @@ impl EthPort {
             driver,
             pool: pool.clone(),
             gated,
-            _not_sync: PhantomData,
+            queues,
         };
         if config.promiscuous {
             // SAFETY: the port is started.
@@ -362,6 +422,11 @@ impl EthPort {
             format!("{}: MTU {mtu}", self.name)
         })?;
         Ok(())
+    }
+
+    /// How many rx (and tx) queues the port has.
+    pub fn queues(&self) -> u16 {
+        self.queues
     }
 
     /// The interrupt-thread gate for a burst on this port and the use of its frames (nothing

@@ -15,6 +15,7 @@ use rocemu_dpdk_sys as sys;
 use rocemu_emulator::port::{Port, PortStats, BURST};
 use rocemu_wire::eth::Mac;
 use std::fmt;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Immediate retries of `rte_eth_tx_burst` while the driver takes nothing, before frames wait in
@@ -81,16 +82,17 @@ impl Burst {
         self.len -= n;
     }
 
-    /// Offers up to `limit` of the held frames, in order, to queue 0 of `port`; returns how many
-    /// the driver took and their bytes.
-    fn send(&mut self, port: u16, limit: usize) -> (usize, u64) {
+    /// Offers up to `limit` of the held frames, in order, to tx queue `queue` of `port`; returns
+    /// how many the driver took and their bytes.
+    fn send(&mut self, port: u16, queue: u16, limit: usize) -> (usize, u64) {
         let (mut sent, mut bytes, mut idle) = (0, 0u64, 0);
         while sent < limit && !self.is_empty() {
             let want = (limit - sent).min(self.len);
             // SAFETY: pkts[..want] are valid mbufs we own, built as single-segment frames; the
-            // caller has the port's tx queue exclusively (`&mut DpdkPort`).
-            let n =
-                unsafe { sys::rocemu_eth_tx_burst(port, 0, self.pkts.as_mut_ptr(), want as u16) };
+            // caller has tx queue `queue` exclusively (the DpdkPort given it, by `&mut`).
+            let n = unsafe {
+                sys::rocemu_eth_tx_burst(port, queue, self.pkts.as_mut_ptr(), want as u16)
+            };
             let n = usize::from(n);
             bytes += self.lens[..n].iter().map(|&l| u64::from(l)).sum::<u64>();
             self.consume_front(n);
@@ -112,13 +114,16 @@ impl Drop for Burst {
     }
 }
 
-/// A [`Port`] on a DPDK ethdev port: one rx and one tx queue, its own mbuf pool sized for the
-/// MTU, frames handed out and built in place in mbufs.
+/// A [`Port`] on a DPDK ethdev port: one rx and one tx queue (queue 0, or queue k of a port
+/// opened with [`DpdkPort::open_queues`]), its mbuf pool sized for the MTU, frames handed out
+/// and built in place in mbufs.
 pub struct DpdkPort {
     // Fields drop in order: the backlog's mbufs go back to the pool, then the port is stopped
-    // and closed, then the pool and the EAL handles go.
+    // and closed (by the last queue's port), then the pool and the EAL handles go.
     backlog: Burst,
-    eth: EthPort,
+    eth: Arc<EthPort>,
+    /// This port's rx and tx queue.
+    queue: u16,
     pool: Mempool,
     eal: Eal,
     mac: Mac,
@@ -166,33 +171,78 @@ impl DpdkPort {
     /// `net_af_packet`, `net_tap`, …), that interface's MTU, as AF_PACKET takes it, capped at
     /// what the driver can do; else the port's current MTU.
     pub fn open_port(eal: &Eal, port_id: u16, config: &DpdkConfig) -> Result<DpdkPort> {
+        let one = DpdkConfig {
+            eth: EthConfig {
+                queues: 1,
+                ..config.eth
+            },
+            ..*config
+        };
+        let mut ports = DpdkPort::open_port_queues(eal, port_id, &one)?;
+        Ok(ports.remove(0))
+    }
+
+    /// Initialises the EAL with `eal_args` and opens its first port with `queues` rx and tx
+    /// queues: a [`DpdkPort`] per queue, in queue order, for a device on several polling
+    /// threads (RSS on the IP and UDP fields where the driver has it; what arrives on a queue is
+    /// the caller's to steer).
+    pub fn open_queues(eal_args: &str, config: &DpdkConfig, queues: u16) -> Result<Vec<DpdkPort>> {
+        let eal = Eal::init(eal_args)?;
+        let id = eal.first_port()?;
+        let config = DpdkConfig {
+            eth: EthConfig {
+                queues,
+                ..config.eth
+            },
+            ..*config
+        };
+        DpdkPort::open_port_queues(&eal, id, &config)
+    }
+
+    /// [`DpdkPort::open_port`] with `config.eth.queues` queues: a port per queue, sharing the
+    /// ethdev port (stopped and closed when the last goes) and a pool of `config.mbufs` mbufs
+    /// per queue.
+    pub fn open_port_queues(eal: &Eal, port_id: u16, config: &DpdkConfig) -> Result<Vec<DpdkPort>> {
+        let info = DevInfo::get(port_id)?;
+        let queues = config.eth.queues.max(1);
+        // Before the pool, which is sized by the queues.
+        info.check_queues(queues)?;
         let mtu = match config.eth.mtu {
             Some(m) => m,
-            None => DevInfo::get(port_id)?.default_mtu(port_id)?,
+            None => info.default_mtu(port_id)?,
         };
-        let pool = Mempool::for_frames(eal, config.mbufs, usize::from(mtu) + FRAME_OVERHEAD)?;
+        let mbufs = config.mbufs.saturating_mul(u32::from(queues));
+        let pool = Mempool::for_frames(eal, mbufs, usize::from(mtu) + FRAME_OVERHEAD)?;
         let eth_config = EthConfig {
             mtu: Some(mtu),
+            queues,
             ..config.eth
         };
-        let eth = EthPort::new(eal, port_id, &pool, &eth_config)?;
+        let eth = Arc::new(EthPort::new(eal, port_id, &pool, &eth_config)?);
         let mtu = eth.mtu()?;
         let mac = eth.mac()?;
         // `fill` gets exactly this much of a fresh mbuf: never more than the pool's mbufs hold,
         // whatever MTU the driver settled on.
         let frame_capacity = (usize::from(mtu) + FRAME_OVERHEAD).min(pool.frame_room());
-        Ok(DpdkPort {
-            backlog: Burst::new(),
-            name: format!("dpdk:{}", eth.name()),
-            eth,
-            pool,
-            eal: eal.clone(),
-            mac,
-            frame_capacity,
-            stats: PortStats::default(),
-            stalled_since: None,
-            tx_stall_timeout: config.tx_stall_timeout,
-        })
+        Ok((0..queues)
+            .map(|queue| DpdkPort {
+                backlog: Burst::new(),
+                name: if queue == 0 {
+                    format!("dpdk:{}", eth.name())
+                } else {
+                    format!("dpdk:{} queue {queue}", eth.name())
+                },
+                eth: eth.clone(),
+                queue,
+                pool: pool.clone(),
+                eal: eal.clone(),
+                mac,
+                frame_capacity,
+                stats: PortStats::default(),
+                stalled_since: None,
+                tx_stall_timeout: config.tx_stall_timeout,
+            })
+            .collect())
     }
 
     /// The ethdev port underneath.
@@ -222,7 +272,7 @@ impl DpdkPort {
             return 0;
         }
         let gate = self.eth.gate();
-        let (n, bytes) = self.backlog.send(self.eth.id(), limit);
+        let (n, bytes) = self.backlog.send(self.eth.id(), self.queue, limit);
         drop(gate);
         self.stats.tx_frames += n as u64;
         self.stats.tx_bytes += bytes;
@@ -254,10 +304,15 @@ impl Port for DpdkPort {
         while seen < max {
             let want = (max - seen).min(BURST);
             let mut b = Burst::new();
-            // SAFETY: `b.pkts` has room for `want` ≤ BURST pointers; rx queue 0 exists and
-            // `&mut self` makes this its only user.
+            // SAFETY: `b.pkts` has room for `want` ≤ BURST pointers; rx queue `self.queue`
+            // exists and is this port's alone, and `&mut self` makes this its only user.
             let n = unsafe {
-                sys::rocemu_eth_rx_burst(self.eth.id(), 0, b.pkts.as_mut_ptr(), want as u16)
+                sys::rocemu_eth_rx_burst(
+                    self.eth.id(),
+                    self.queue,
+                    b.pkts.as_mut_ptr(),
+                    want as u16,
+                )
             };
             // From here `b` owns the n mbufs and frees them when it goes, even if `f` panics.
             b.len = usize::from(n);
@@ -346,7 +401,7 @@ impl Port for DpdkPort {
             if filled == 0 {
                 break;
             }
-            let (n, bytes) = b.send(self.eth.id(), filled);
+            let (n, bytes) = b.send(self.eth.id(), self.queue, filled);
             self.stats.tx_frames += n as u64;
             self.stats.tx_bytes += bytes;
             sent += n;
