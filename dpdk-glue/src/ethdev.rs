@@ -151,8 +151,24 @@ impl DevInfo {
         })
     }
 
-    /// Whether the port can have `queues` rx and tx queues; the error says how many it can.
+    /// Whether the port can have `queues` rx and tx queues; the error says how many it can (or
+    /// why a driver's several queues are not safe to use).
     pub(crate) fn check_queues(&self, queues: u16) -> Result<()> {
+        if queues > 1 && self.driver == "net_memif" {
+            // Seen with DPDK 22.11: a memif server with 2 queues and a client with 1 read
+            // the client's one ring from both queues (961 malformed frames and 17 bad ICRCs
+            // in one run); a client with more queues than the server gets no link at all.
+            return Err(Error::other(
+                "rte_eth_dev_configure",
+                format!(
+                    "{} (net_memif): several queues are refused: a memif server whose client has \
+                     fewer queues reads that client's rings from two queues at once and corrupts \
+                     frames (DPDK 22.11), and nothing tells one end the other's count; use one \
+                     queue (one thread) on memif, or net_af_packet's qpairs=N, AF_XDP or a NIC",
+                    self.name
+                ),
+            ));
+        }
         if queues <= self.max_queues {
             return Ok(());
         }

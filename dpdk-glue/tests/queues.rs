@@ -2,7 +2,8 @@
 //! several polling threads): `net_ring` loops each tx queue back to the rx queue of the same
 //! number, so a frame sent on a queue's port comes back on that port and on no other; each
 //! queue's port works from a thread of its own; asking for more queues than the driver has is
-//! an error that says how many it has. One test function: the EAL can be initialised once per
+//! an error that says how many it has, and several queues on `net_memif` are refused (a server
+//! with more queues than its client reads the client's rings twice). One test function: the EAL can be initialised once per
 //! process.
 mod common;
 
@@ -11,7 +12,14 @@ use rocemu_emulator::port::Port;
 
 #[test]
 fn each_queue_is_a_port_of_its_own() {
-    let (args, _dir) = common::eal_args("queues", "--vdev=net_ring0 --vdev=net_ring1");
+    let sock = std::env::temp_dir().join(format!("{}.sock", common::unique("queues")));
+    let (args, _dir) = common::eal_args(
+        "queues",
+        &format!(
+            "--vdev=net_ring0 --vdev=net_ring1 --vdev=net_memif0,socket={},socket-abstract=no",
+            sock.display()
+        ),
+    );
     let ports = DpdkPort::open_queues(&args, &DpdkConfig::default(), 3).unwrap();
     assert_eq!(ports.len(), 3);
     assert_eq!(ports[0].name(), "dpdk:net_ring0");
@@ -66,4 +74,10 @@ fn each_queue_is_a_port_of_its_own() {
         e.to_string().contains("at most") && e.to_string().contains("64 were asked for"),
         "{e}"
     );
+    // memif with several queues corrupts frames when the peer has fewer: refused.
+    let id = eal.port_by_name("net_memif0").unwrap();
+    config.eth.queues = 2;
+    let e = DpdkPort::open_port_queues(&eal, id, &config).unwrap_err();
+    assert!(e.to_string().contains("several queues are refused"), "{e}");
+    let _ = std::fs::remove_file(&sock);
 }
