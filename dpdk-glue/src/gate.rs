@@ -18,6 +18,11 @@
 //! some 10 messages); a burst pays an uncontended read lock, and only on ports whose driver
 //! needs it ([`needs_gate`]): 64-byte WRITEs over memif ran at 0.97 of their ungated rate
 //! (median of 10 interleaved pairs, 2026-12-06), a crash ruled out for 3 %.
+//!
+//! Rule for callers: a thread inside the gate must not wait for another thread that may need
+//! the gate (the interrupt thread, once it waits for the write side, holds up new readers). The
+//! steering between shards waits for room in another shard's ring; it never wraps a gated port,
+//! because memif ports have one queue (`DevInfo::check_queues`).
 use std::cell::{Cell, RefCell};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -38,7 +38,7 @@ pub const STEER_SLOTS: usize = 1024;
 
 /// How many times a shard retries a full ring (yielding the CPU between tries) before it drops
 /// the frame.
-const PUSH_TRIES: u32 = 10_000;
+pub const PUSH_TRIES: u32 = 10_000;
 
 /// A shard's port, steering the frames it reads to their shards.
 pub struct SteeredPort {
