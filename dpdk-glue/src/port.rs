@@ -438,4 +438,8 @@ impl Port for DpdkPort {
     fn name(&self) -> String {
         self.name.clone()
     }
+
+    fn link_up(&self) -> Option<bool> {
+        Some(self.eth.link_up())
+    }
 }

@@ -238,6 +238,11 @@ fn dpdk_ports_move_frames_exactly() {
     assert_eq!(p2.mac(), memif_mac);
     assert_eq!(p2.eth().mac().unwrap(), memif_mac);
     assert!(!p2.eth().link_up());
+    assert_eq!(
+        p2.link_up(),
+        Some(false),
+        "what the engine's messages are told"
+    );
     let n = p2.tx_burst(BURST, &mut |b| {
         b[..64].fill(7);
         Some(64)

@@ -725,3 +725,51 @@ fn frames_the_driver_refused_go_at_the_next_turns_not_at_a_retransmit() {
         pattern(3, 64)[..]
     );
 }
+
+/// A port that says its link is down (as a DPDK memif with no peer does), otherwise the pipe's.
+struct LinkDown(Box<dyn Port + Send>);
+
+impl Port for LinkDown {
+    fn rx_burst(&mut self, max: usize, f: &mut dyn FnMut(&mut [u8])) -> usize {
+        self.0.rx_burst(max, f)
+    }
+    fn tx_burst(&mut self, max: usize, fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>) -> usize {
+        self.0.tx_burst(max, fill)
+    }
+    fn mac(&self) -> Mac {
+        self.0.mac()
+    }
+    fn frame_capacity(&self) -> usize {
+        self.0.frame_capacity()
+    }
+    fn stats(&self) -> rocemu_emulator::port::PortStats {
+        self.0.stats()
+    }
+    fn name(&self) -> String {
+        self.0.name()
+    }
+    fn link_up(&self) -> Option<bool> {
+        Some(false)
+    }
+}
+
+#[test]
+fn an_address_unresolved_on_a_port_whose_link_is_down_says_so() {
+    let (pa, _pb) = pipe(MAC_A, MAC_B, 1500);
+    let mut up = Engine::new(Box::new(pa));
+    let mut ra = rnic(MAC_A, 1);
+    let ip: IpAddr = "10.5.0.77".parse().unwrap();
+    let e = up
+        .resolve(&mut ra, ip, Duration::from_millis(300))
+        .unwrap_err();
+    assert!(
+        e.contains("is the peer up") && !e.contains("link is down"),
+        "{e}"
+    );
+    let (pa, _pb) = pipe(MAC_A, MAC_B, 1500);
+    let mut down = Engine::new(Box::new(LinkDown(Box::new(pa))));
+    let e = down
+        .resolve(&mut ra, ip, Duration::from_millis(300))
+        .unwrap_err();
+    assert!(e.contains("the port's link is down"), "{e}");
+}

@@ -396,11 +396,20 @@ impl Engine {
                     timeout_s = timeout.as_secs_f64(),
                     "address not resolved: no ARP/ND answer"
                 );
+                let why = if self.port.link_up() == Some(false) {
+                    "; the port's link is down: is the other end of the link running?"
+                } else {
+                    "; is the peer up and on this link?"
+                };
                 return Err(format!(
-                    "no answer from {ip} on {} within {:.1} s ({} asked; is the peer up and on this link?)",
+                    "no answer from {ip} on {} within {:.1} s ({} asked{why})",
                     self.port.name(),
                     timeout.as_secs_f64(),
-                    if ip.is_ipv4() { "ARP" } else { "neighbour discovery" }
+                    if ip.is_ipv4() {
+                        "ARP"
+                    } else {
+                        "neighbour discovery"
+                    }
                 ));
             }
             if t >= next_ask {

@@ -45,6 +45,10 @@ macro_rules! inner_port_info {
         fn faults(&self) -> (u64, u64) {
             self.$inner.faults()
         }
+
+        fn link_up(&self) -> Option<bool> {
+            self.$inner.link_up()
+        }
     };
 }
 

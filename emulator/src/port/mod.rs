@@ -119,6 +119,13 @@ pub trait Port {
     /// A name for messages (`af_packet:veth0`, `dpdk:net_memif0`).
     fn name(&self) -> String;
 
+    /// Whether the link is up, where the port knows (a DPDK driver does: a memif with no peer
+    /// is down); `None` (the default) where it does not. For messages: an address that goes
+    /// unresolved on a port whose link is down says so.
+    fn link_up(&self) -> Option<bool> {
+        None
+    }
+
     /// A file descriptor that `poll(2)` reports readable when a frame is waiting for
     /// [`Port::rx_burst`], so that an idle engine can sleep until one comes (a packet socket's
     /// own descriptor). `None` (the default): the port has no such thing (a DPDK poll-mode

@@ -220,4 +220,8 @@ impl Port for SteeredPort {
     fn wait_fd(&self) -> Option<RawFd> {
         self.inner.wait_fd()
     }
+
+    fn link_up(&self) -> Option<bool> {
+        self.inner.link_up()
+    }
 }
