@@ -6,10 +6,9 @@
 use rocemu_emulator::engine::{Engine, IdleStrategy};
 use rocemu_emulator::port::steered::steered;
 use rocemu_emulator::port::{Port, PortStats};
-use rocemu_emulator::rnic::{Rnic, RnicConfig, Shard};
+use rocemu_emulator::rnic::{QpnSteering, Rnic, RnicConfig, Shard};
 use rocemu_wire::eth::Mac;
 use std::collections::VecDeque;
-use std::net::IpAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
@@ -70,9 +69,11 @@ impl Port for TestPort {
     }
 }
 
-#[test]
-fn a_sleeping_shard_is_woken_for_a_frame_steered_to_it() {
-    let ip: IpAddr = "10.0.0.1".parse().unwrap();
+/// What the test feeds a test port through: its queue, and its eventfd.
+type Feed = (Arc<Mutex<VecDeque<Vec<u8>>>>, Arc<OwnedFd>);
+
+/// Two test ports, and what the test feeds each through.
+fn test_ports() -> (Vec<Feed>, Vec<Box<dyn Port + Send>>) {
     let mut qs = Vec::new();
     let mut ports: Vec<Box<dyn Port + Send>> = Vec::new();
     for _ in 0..2 {
@@ -81,16 +82,39 @@ fn a_sleeping_shard_is_woken_for_a_frame_steered_to_it() {
         qs.push((q.clone(), efd.clone()));
         ports.push(Box::new(TestPort { q, efd }));
     }
-    let rnics: Vec<Rnic> = (0..2)
-        .map(|k| {
-            let mut c = RnicConfig::new(Mac([2, 0, 0, 0, 0, 1]), ip, 5);
-            c.shard = Shard { index: k, count: 2 };
-            Rnic::new(c)
-        })
-        .collect();
+    (qs, ports)
+}
+
+/// Shard `k` of a device on two threads.
+fn shard_rnic(k: u32) -> Rnic {
+    let mut c = RnicConfig::new(Mac([2, 0, 0, 0, 0, 1]), "10.0.0.1".parse().unwrap(), 5);
+    c.shard = Shard { index: k, count: 2 };
+    Rnic::new(c)
+}
+
+/// A QPN of shard 1's (no QP there: shard 1 drops a frame for it and counts it).
+fn shard1_qpn(steering: QpnSteering) -> u32 {
+    (2u32..).find(|&q| steering.shard_of(q) == 1).unwrap()
+}
+
+/// A RoCEv2 frame for QPN `qpn` carrying `seq` after its headers.
+fn roce_frame(qpn: u32, seq: u32) -> Vec<u8> {
+    let mut f = vec![0u8; 14 + 20 + 8 + 12 + 4];
+    f[12..14].copy_from_slice(&[0x08, 0x00]);
+    f[14] = 0x45;
+    f[23] = 17;
+    f[36..38].copy_from_slice(&4791u16.to_be_bytes());
+    f[14 + 20 + 8 + 5..14 + 20 + 8 + 8].copy_from_slice(&qpn.to_be_bytes()[1..]);
+    f[54..58].copy_from_slice(&seq.to_be_bytes());
+    f
+}
+
+#[test]
+fn a_sleeping_shard_is_woken_for_a_frame_steered_to_it() {
+    let (qs, ports) = test_ports();
+    let rnics: Vec<Rnic> = (0..2).map(shard_rnic).collect();
     let steering = rnics[0].qpn_steering();
-    // A QPN of shard 1's (no QP there: shard 1 drops the frame and counts it).
-    let qpn = (2u32..).find(|&q| steering.shard_of(q) == 1).unwrap();
+    let qpn = shard1_qpn(steering);
     let (ports, table) = steered(ports, steering);
     let stop = Arc::new(AtomicBool::new(false));
     let (tx, rx) = mpsc::channel();
@@ -119,14 +143,8 @@ fn a_sleeping_shard_is_woken_for_a_frame_steered_to_it() {
     // Both engines fall asleep (their naps grow towards the 10-s cap).
     std::thread::sleep(Duration::from_millis(1500));
     // A RoCEv2 frame for shard 1's QPN, read by shard 0.
-    let mut f = vec![0u8; 14 + 20 + 8 + 12 + 4];
-    f[12..14].copy_from_slice(&[0x08, 0x00]);
-    f[14] = 0x45;
-    f[23] = 17;
-    f[36..38].copy_from_slice(&4791u16.to_be_bytes());
-    f[14 + 20 + 8 + 5..14 + 20 + 8 + 8].copy_from_slice(&qpn.to_be_bytes()[1..]);
     let t0 = Instant::now();
-    qs[0].0.lock().unwrap().push_back(f);
+    qs[0].0.lock().unwrap().push_back(roce_frame(qpn, 0));
     let one = 1u64;
     // SAFETY: writes 8 bytes from a local to the eventfd.
     unsafe { libc::write(qs[0].1.as_raw_fd(), (&one as *const u64).cast(), 8) };
@@ -149,39 +167,18 @@ fn a_sleeping_shard_is_woken_for_a_frame_steered_to_it() {
     assert!(took < Duration::from_millis(100), "took {took:?}");
 }
 
-/// A frame for shard `qpn`'s QP carrying `seq` after its headers.
-fn roce_frame(qpn: u32, seq: u32) -> Vec<u8> {
-    let mut f = vec![0u8; 14 + 20 + 8 + 12 + 4];
-    f[12..14].copy_from_slice(&[0x08, 0x00]);
-    f[14] = 0x45;
-    f[23] = 17;
-    f[36..38].copy_from_slice(&4791u16.to_be_bytes());
-    f[14 + 20 + 8 + 5..14 + 20 + 8 + 8].copy_from_slice(&qpn.to_be_bytes()[1..]);
-    f[54..58].copy_from_slice(&seq.to_be_bytes());
-    f
-}
-
 /// Shard 0 reads three rings' worth of frames for shard 1 at once while shard 1 takes them in
 /// slowly: shard 0 waits for room rather than dropping, and every frame arrives once, in order.
 /// (Before, the 1,025th frame and all after it in the burst were dropped.)
 #[test]
 fn a_full_ring_waits_for_its_reader_instead_of_dropping() {
     use rocemu_emulator::port::steered::STEER_SLOTS;
-    let ip: IpAddr = "10.0.0.1".parse().unwrap();
-    let mut qs = Vec::new();
-    let mut ports: Vec<Box<dyn Port + Send>> = Vec::new();
-    for _ in 0..2 {
-        let q = Arc::new(Mutex::new(VecDeque::new()));
-        let efd = Arc::new(eventfd());
-        qs.push(q.clone());
-        ports.push(Box::new(TestPort { q, efd }));
-    }
-    let mut c = RnicConfig::new(Mac([2, 0, 0, 0, 0, 1]), ip, 5);
-    c.shard = Shard { index: 0, count: 2 };
-    let steering = Rnic::new(c).qpn_steering();
-    let qpn = (2u32..).find(|&q| steering.shard_of(q) == 1).unwrap();
+    let (qs, ports) = test_ports();
+    let steering = shard_rnic(0).qpn_steering();
+    let qpn = shard1_qpn(steering);
     let total = 3 * STEER_SLOTS as u32;
     qs[0]
+        .0
         .lock()
         .unwrap()
         .extend((0..total).map(|i| roce_frame(qpn, i)));

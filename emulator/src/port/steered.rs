@@ -31,6 +31,13 @@ impl WakeTable {
             let _ = slot.set(d);
         }
     }
+
+    /// Rings shard `k`'s engine's doorbell, if it has one yet.
+    fn ring(&self, k: usize) {
+        if let Some(d) = self.0.get(k).and_then(OnceLock::get) {
+            d.ring();
+        }
+    }
 }
 
 /// Slots of each ring between two shards.
@@ -151,9 +158,7 @@ impl Port for SteeredPort {
                         return;
                     }
                     tries += 1;
-                    if let Some(d) = wake.0.get(s).and_then(OnceLock::get) {
-                        d.ring();
-                    }
+                    wake.ring(s);
                     for rx in from.iter_mut() {
                         while rx.pop_with(&mut *f).is_some() {
                             taken += 1;
@@ -168,9 +173,7 @@ impl Port for SteeredPort {
             while handed != 0 {
                 let s = handed.trailing_zeros() as usize;
                 handed &= handed - 1;
-                if let Some(d) = self.wake.0.get(s).and_then(OnceLock::get) {
-                    d.ring();
-                }
+                self.wake.ring(s);
             }
         }
         n
