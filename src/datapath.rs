@@ -163,8 +163,9 @@ pub fn open(
 /// each has a packet socket of its own in one fanout group whose program hands each frame to
 /// the shard that has its QP (`port::af_packet::Fanout`); on AF_XDP each has the socket of
 /// queue k of the interface, with DPDK rx and tx queue k of the port, and a frame read on
-/// another shard's queue goes to its shard through a ring (`port::steered`). Shard 0 answers ARP and neighbour discovery, and `rocemu
-/// stats` for the device (every shard's counters summed, every shard's QPs).
+/// another shard's queue goes to its shard through a ring (`port::steered`). Shard 0 answers
+/// ARP and neighbour discovery, and `rocemu stats` for the device (every shard's counters
+/// summed, every shard's QPs).
 #[allow(clippy::too_many_arguments)]
 pub fn open_sharded(
     dev: &str,
@@ -403,16 +404,18 @@ fn open_dpdk_queues(args: &str, n: usize) -> Result<Vec<Box<dyn Port + Send>>, S
 }
 
 #[cfg(not(feature = "dpdk"))]
-fn open_dpdk_queues(args: &str, _n: usize) -> Result<Vec<Box<dyn Port + Send>>, String> {
-    open_dpdk(args).map(|_| Vec::new())
+fn open_dpdk_queues(_args: &str, _n: usize) -> Result<Vec<Box<dyn Port + Send>>, String> {
+    Err(NO_DPDK.into())
 }
 
 #[cfg(not(feature = "dpdk"))]
 fn open_dpdk(_args: &str) -> Result<Box<dyn Port + Send>, String> {
-    Err("this rocemu was built without DPDK: build it with `cargo build --release --features dpdk` \
-         (needs libdpdk-dev, pkg-config and libclang)"
-        .into())
+    Err(NO_DPDK.into())
 }
+
+#[cfg(not(feature = "dpdk"))]
+const NO_DPDK: &str = "this rocemu was built without DPDK: build it with `cargo build --release \
+     --features dpdk` (needs libdpdk-dev, pkg-config and libclang)";
 
 /// Congestion control of an end's RNIC: `--ecn`, `--cc dcqcn|timely|none`, and every
 /// parameter by its name (mlx5's for DCQCN, as `--rpg-time-reset 300`; `--timely-*` for

@@ -266,14 +266,12 @@ impl DpdkPort {
     }
 
     /// Offers the backlog (up to `limit` frames) to the driver; drops it when it has not moved
-    /// for `tx_stall_timeout`. Returns how many frames went.
+    /// for `tx_stall_timeout`. Returns how many frames went. The caller holds the gate.
     fn drain_backlog(&mut self, limit: usize) -> usize {
         if self.backlog.is_empty() || limit == 0 {
             return 0;
         }
-        let gate = self.eth.gate();
         let (n, bytes) = self.backlog.send(self.eth.id(), self.queue, limit);
-        drop(gate);
         self.stats.tx_frames += n as u64;
         self.stats.tx_bytes += bytes;
         if self.backlog.is_empty() {
@@ -419,6 +417,7 @@ impl Port for DpdkPort {
     }
 
     fn flush(&mut self) -> bool {
+        let _gate = self.eth.gate();
         self.drain_backlog(BURST);
         self.backlog.is_empty()
     }
