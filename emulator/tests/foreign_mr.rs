@@ -583,3 +583,56 @@ fn foreign_regions_under_the_real_time_engine() {
     assert_eq!(out[..], data[100..116]);
     drop(lo);
 }
+
+#[test]
+fn a_region_under_the_keys_another_shard_gave_it_is_found_by_them() {
+    // A device on several threads registers a program's region in every shard under the keys
+    // shard 0 picked (`reg_mr_foreign_keyed`): a peer's WRITE with that R_Key, and a local
+    // gather with that L_Key, find the region in this shard.
+    let (ma, mb) = (Mem::new(4096), Mem::new(4096));
+    let mut t = Bed::rc();
+    let a = reg(&mut t, A, &ma, Access::ALL);
+    let pd = t.b.pd;
+    let keys = (0x1234_5601, 0x89ab_cd02);
+    let b =
+        t.p.b
+            .reg_mr_foreign_keyed(pd, mb.foreign(0, 4096), mb.addr(), Access::ALL, keys)
+            .unwrap();
+    assert_eq!((b.lkey, b.rkey), keys);
+    ma.set(0, &[0x5a; 100]);
+    t.post_send(A, write_wr(1, &b, 40, at(&a, 0, 100)));
+    assert_eq!(st(&t.wait_wcs(A, 1)), vec![(1, WcStatus::Success)]);
+    assert_eq!(mb.get(40, 100), vec![0x5a; 100]);
+    // Keys this shard already has, a zero key, or one key for both are refused; nothing is
+    // registered by a refusal.
+    let other = t.p.b.reg_mr(pd, 64, Access::ALL).unwrap();
+    for bad in [
+        (keys.0, 0x77),
+        (0x77, keys.1),
+        (other.rkey, 0x78),
+        (0, 0x79),
+        (0x7a, 0x7a),
+    ] {
+        let r =
+            t.p.b
+                .reg_mr_foreign_keyed(pd, mb.foreign(0, 64), mb.addr(), Access::ALL, bad);
+        assert!(matches!(r, Err(VerbsError::Invalid(_))), "{bad:x?}: {r:?}");
+    }
+    for k in [0x77, 0x7a] {
+        assert!(
+            t.p.b.mr_read(k, 0, &mut [0u8; 1]).is_err(),
+            "{k:#x} registered"
+        );
+    }
+    // The checks of any registration apply: a PD that is not one.
+    let r = t.p.b.reg_mr_foreign_keyed(
+        PdId(9999),
+        mb.foreign(0, 64),
+        mb.addr(),
+        Access::ALL,
+        (0x55, 0x56),
+    );
+    assert!(matches!(r, Err(VerbsError::NotFound(_))), "{r:?}");
+    t.p.b.dereg_mr(b.lkey).unwrap();
+    drop(t);
+}

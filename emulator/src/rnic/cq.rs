@@ -152,6 +152,16 @@ impl Rnic {
     /// of it not yet taken are gone, its slot is free for the next CQ, and its [`CqId`] names
     /// nothing any more (not the CQ that reuses the slot).
     pub fn destroy_cq(&mut self, cq: CqId) -> Result<(), VerbsError> {
+        self.cq_in_use(cq)?;
+        self.dev.cqs.remove(cq.0);
+        self.dev.cq_events.retain(|&c| c != cq);
+        self.dev.failed_cqs.retain(|&c| c != cq);
+        Ok(())
+    }
+
+    /// What [`Rnic::destroy_cq`] would refuse for, without destroying: for a device split
+    /// into shards, whose CQ goes from every shard or from none.
+    pub fn cq_in_use(&self, cq: CqId) -> Result<(), VerbsError> {
         if self.dev.cqs.get(cq.0).is_none() {
             return Err(VerbsError::NotFound("completion queue"));
         }
@@ -163,9 +173,6 @@ impl Rnic {
         {
             return Err(VerbsError::Busy("a QP still uses the CQ"));
         }
-        self.dev.cqs.remove(cq.0);
-        self.dev.cq_events.retain(|&c| c != cq);
-        self.dev.failed_cqs.retain(|&c| c != cq);
         Ok(())
     }
 

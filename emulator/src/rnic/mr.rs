@@ -99,6 +99,15 @@ impl AtomicOp {
 }
 
 impl Backing {
+    /// The region's length in bytes.
+    pub fn len(&self) -> u64 {
+        match self {
+            Backing::Owned(v) => v.len() as u64,
+            Backing::Foreign(f) => f.len() as u64,
+            Backing::Null(len) => *len,
+        }
+    }
+
     /// Copies `out.len()` bytes from `off` into `out`; false (and nothing copied) outside.
     #[inline]
     pub fn read(&self, off: usize, out: &mut [u8]) -> bool {
@@ -283,13 +292,42 @@ impl MemTable {
         data: Backing,
         access: Access,
     ) -> MrInfo {
-        let length = match &data {
-            Backing::Owned(v) => v.len() as u64,
-            Backing::Foreign(f) => f.len() as u64,
-            Backing::Null(len) => *len,
-        };
+        let length = data.len();
         let lkey = self.fresh_key(rng);
         let rkey = self.fresh_key(rng);
+        self.insert(pd, addr, length, data, access, (lkey, rkey))
+    }
+
+    /// Registers `data` at `addr` under the keys `keys` (L_Key, R_Key) that another shard of
+    /// the same device gave the same region; `None` when either key is zero, or either names
+    /// a live region here.
+    pub fn register_backing_keyed(
+        &mut self,
+        pd: PdId,
+        addr: u64,
+        data: Backing,
+        access: Access,
+        keys: (u32, u32),
+    ) -> Option<MrInfo> {
+        let (lkey, rkey) = keys;
+        let taken =
+            |k: u32| k == 0 || self.by_lkey.contains_key(&k) || self.by_rkey.contains_key(&k);
+        if lkey == rkey || taken(lkey) || taken(rkey) {
+            return None;
+        }
+        let length = data.len();
+        Some(self.insert(pd, addr, length, data, access, keys))
+    }
+
+    fn insert(
+        &mut self,
+        pd: PdId,
+        addr: u64,
+        length: u64,
+        data: Backing,
+        access: Access,
+        (lkey, rkey): (u32, u32),
+    ) -> MrInfo {
         let info = MrInfo {
             lkey,
             rkey,

@@ -35,6 +35,14 @@ impl Rnic {
     /// the caller's library, which counts them itself); then the PD's slot is free and its
     /// [`PdId`] names nothing any more (not the PD that reuses the slot).
     pub fn dealloc_pd(&mut self, pd: PdId) -> Result<(), VerbsError> {
+        self.pd_in_use(pd)?;
+        self.dev.mem.dealloc_pd(pd);
+        Ok(())
+    }
+
+    /// What [`Rnic::dealloc_pd`] would refuse for, without deallocating: for a device split
+    /// into shards, whose PD is freed in every shard or in none.
+    pub fn pd_in_use(&self, pd: PdId) -> Result<(), VerbsError> {
         if !self.dev.mem.pd_valid(pd) {
             return Err(VerbsError::NotFound("protection domain"));
         }
@@ -47,7 +55,6 @@ impl Rnic {
         if self.dev.srqs.any_of_pd(pd) {
             return Err(VerbsError::Busy("an SRQ of the PD lives"));
         }
-        self.dev.mem.dealloc_pd(pd);
         Ok(())
     }
 
@@ -126,6 +133,32 @@ impl Rnic {
             Backing::Foreign(mem),
             access,
         ))
+    }
+
+    /// [`Rnic::reg_mr_foreign`] under the keys `keys` (L_Key, R_Key) that shard 0 of the same
+    /// device gave the same memory: on a device split into shards (one per polling thread) a
+    /// program's region is registered in every shard, so that a QP on any of them finds it by
+    /// the one pair of keys the program was given. Refused (`Invalid`) when a key is
+    /// zero or names a live region of this shard; every check of [`Rnic::reg_mr_foreign`]
+    /// applies.
+    pub fn reg_mr_foreign_keyed(
+        &mut self,
+        pd: PdId,
+        mem: ForeignMem,
+        iova: u64,
+        access: Access,
+        keys: (u32, u32),
+    ) -> Result<MrInfo, VerbsError> {
+        self.check_reg_mr(pd, iova, mem.len(), access)?;
+        self.dev
+            .mem
+            .register_backing_keyed(pd, iova, Backing::Foreign(mem), access, keys)
+            .ok_or_else(|| {
+                VerbsError::Invalid(format!(
+                    "keys {:#x} / {:#x} are taken in this shard",
+                    keys.0, keys.1
+                ))
+            })
     }
 
     fn check_reg_mr(
