@@ -1,15 +1,13 @@
 //! `--dev`, `--ip`, `--mac`: where an end of `rocemu pingpong` / `rocemu perf` meets the wire.
 use rocemu_emulator::engine::{Engine, IdleStrategy};
 use rocemu_emulator::inproc::Impairments;
-use rocemu_emulator::port::af_packet::{AfPacketOptions, AfPacketPort, Fanout, KernelGuard};
-use rocemu_emulator::port::af_xdp::AfXdpPort;
+use rocemu_emulator::port::af_packet::KernelGuard;
 use rocemu_emulator::port::impair::ImpairedPort;
-use rocemu_emulator::port::open::open_datapath;
-use rocemu_emulator::port::steered::steered;
+use rocemu_emulator::port::open::{open_datapath, open_datapath_shards, OpenedPort, ShardPorts};
 use rocemu_emulator::port::Port;
 use rocemu_emulator::rng::Seed;
 use rocemu_emulator::rnic::cc::{CcAlgo, CcConfig, CC_PARAMS};
-use rocemu_emulator::rnic::{Rnic, RnicConfig, Shard, MAX_SHARDS};
+use rocemu_emulator::rnic::{Rnic, RnicConfig, Shard};
 use rocemu_tools::remote::Endpoint;
 use rocemu_wire::eth::Mac;
 use std::net::IpAddr;
@@ -185,55 +183,30 @@ pub fn open_sharded(
         Some(m) => Some(m.parse().map_err(|e| format!("--mac {m}: {e}"))?),
         None => None,
     };
-    let sharded = threads > 1;
     let promiscuous = mac.is_some();
-    if sharded {
-        if threads > MAX_SHARDS {
-            return Err(format!("--threads {threads}: at most {MAX_SHARDS}"));
-        }
-        if !dev.starts_with("af_packet:")
-            && !dev.starts_with("af_xdp:")
-            && !dev.starts_with("dpdk:")
-        {
-            return Err(format!(
-                "--threads {threads} on a datapath: af_packet:IFACE, af_xdp:IFACE or dpdk:'EAL ARGS'"
-            ));
-        }
-        if pcap.is_some() || impair.as_ref().is_some_and(|(i, _)| !i.is_none()) {
-            return Err(format!(
-                "--threads {threads} on a datapath: without --pcap and impairments (each thread's port would need its own)"
-            ));
-        }
+    if threads > 1 && (pcap.is_some() || impair.as_ref().is_some_and(|(i, _)| !i.is_none())) {
+        return Err(format!(
+            "--threads {threads} on a datapath: without --pcap and impairments (each thread's port would need its own)"
+        ));
     }
-    let opts = AfPacketOptions {
-        promiscuous,
-        addrs: ips.clone(),
-        fanout: None,
-    };
-    let (port, guard) = if !sharded {
-        let o = open_datapath("--dev", dev, &ips, promiscuous, &open_dpdk)?;
-        (Ports::One(o.port), o.guard)
-    } else if let Some(ifname) = dev.strip_prefix("af_packet:") {
-        // Shard 0's port, concrete: it makes the fanout group once its RNIC has its keys.
-        let p = AfPacketPort::open(ifname, &opts).map_err(|e| e.to_string())?;
-        (Ports::Shard0(Box::new(p)), Some(KernelGuard::new()))
-    } else if let Some(args) = dev.strip_prefix("dpdk:") {
-        // A DPDK queue per shard; the frames each reads are steered to their QP's shard.
-        (Ports::Queues(open_dpdk_queues(args, threads)?), None)
+    let port = if threads > 1 {
+        let what = format!("--threads {threads}");
+        let ps = open_datapath_shards(
+            "--dev",
+            &what,
+            dev,
+            &ips,
+            promiscuous,
+            threads,
+            &open_dpdk_queues,
+        )?;
+        Ports::Shards(ps)
     } else {
-        // A socket per queue; the frames each reads are steered to their QP's shard.
-        let ifname = dev.strip_prefix("af_xdp:").unwrap_or(dev);
-        let ps = AfXdpPort::open_shards(ifname, &opts, threads).map_err(|e| e.to_string())?;
-        let ps = ps
-            .into_iter()
-            .map(|p| Box::new(p) as Box<dyn Port + Send>)
-            .collect();
-        (Ports::Queues(ps), Some(KernelGuard::new()))
+        Ports::One(open_datapath("--dev", dev, &ips, promiscuous, &open_dpdk)?)
     };
     let (port_mac, port_mtu, port_name) = match &port {
-        Ports::One(p) => (p.mac(), p.mtu(), p.name()),
-        Ports::Shard0(p) => (p.mac(), p.mtu(), p.name()),
-        Ports::Queues(ps) => (ps[0].mac(), ps[0].mtu(), ps[0].name()),
+        Ports::One(o) => (o.port.mac(), o.port.mtu(), o.port.name()),
+        Ports::Shards(ps) => (ps.first().mac(), ps.first().mtu(), ps.first().name()),
     };
     let mac = mac.unwrap_or(port_mac);
     if mac == Mac([0; 6]) || mac.is_multicast() {
@@ -253,52 +226,35 @@ pub fn open_sharded(
     let rnic = Rnic::new(cfg.clone());
     let mut more = Vec::new();
     let mut wake = None;
-    let port: Box<dyn Port + Send> = match port {
-        Ports::One(port) => match impair {
-            Some((imp, seed)) if !imp.is_none() => Box::new(ImpairedPort::new(port, imp, seed)),
-            _ => port,
-        },
-        Ports::Shard0(mut p) => {
-            let ifname = dev.strip_prefix("af_packet:").unwrap_or(dev);
-            let id = p
-                .join_fanout(&Fanout::First(rnic.qpn_steering()))
-                .map_err(|e| e.to_string())?;
-            // The others join in shard order: the group numbers its members as they join.
-            for k in 1..threads {
-                let opts = AfPacketOptions {
-                    promiscuous,
-                    addrs: ips.clone(),
-                    fanout: Some(Fanout::Join(id)),
-                };
-                let pk = AfPacketPort::open(ifname, &opts).map_err(|e| e.to_string())?;
-                let mut c = cfg.clone();
-                c.shard.index = k as u32;
-                more.push(Endpoint {
-                    rnic: Rnic::new(c),
-                    engine: engine_on(Box::new(pk))?,
-                });
+    let (port, guard): (Box<dyn Port + Send>, _) = match port {
+        Ports::One(o) => match impair {
+            Some((imp, seed)) if !imp.is_none() => {
+                (Box::new(ImpairedPort::new(o.port, imp, seed)), o.guard)
             }
-            p
-        }
-        Ports::Queues(ps) => {
-            let (ports, table) = steered(ps, rnic.qpn_steering());
+            _ => (o.port, o.guard),
+        },
+        Ports::Shards(mut ps) => {
+            let guard = ps.guard.take();
+            let (ports, table) = ps.into_ports(rnic.qpn_steering())?;
             let mut ports = ports.into_iter();
             let first = ports.next().expect("shard 0's port");
             for (k, pk) in ports.enumerate() {
                 let mut c = cfg.clone();
                 c.shard.index = k as u32 + 1;
-                let mut engine = engine_on(Box::new(pk))?;
-                table.set(
-                    k + 1,
-                    engine.doorbell().map_err(|e| format!("eventfd: {e}"))?,
-                );
+                let mut engine = engine_on(pk)?;
+                if let Some(t) = &table {
+                    t.set(
+                        k + 1,
+                        engine.doorbell().map_err(|e| format!("eventfd: {e}"))?,
+                    );
+                }
                 more.push(Endpoint {
                     rnic: Rnic::new(c),
                     engine,
                 });
             }
-            wake = Some(table);
-            Box::new(first)
+            wake = table;
+            (first, guard)
         }
     };
     let mut engine = engine_on(port)?;
@@ -336,12 +292,10 @@ pub fn open_sharded(
     })
 }
 
-/// The port `open_sharded` opened first.
+/// The datapath `open_sharded` opened.
 enum Ports {
-    One(Box<dyn Port + Send>),
-    Shard0(Box<AfPacketPort>),
-    /// A port per queue (AF_XDP, DPDK), shard k's on queue k.
-    Queues(Vec<Box<dyn Port + Send>>),
+    One(OpenedPort),
+    Shards(ShardPorts),
 }
 
 /// An engine on `port`, idling as `ROCEMU_IDLE` says.

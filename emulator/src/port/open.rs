@@ -94,3 +94,148 @@ pub fn line_rate_mbps(spec: &str) -> Option<u32> {
         .filter(|&v| v > 0 && v <= i64::from(u32::MAX))
         .map(|v| v as u32)
 }
+
+/// How the caller opens `dpdk:ARGS` with `n` rx and tx queues: a port per queue, queue k's
+/// k-th (see [`OpenDpdk`]).
+pub type OpenDpdkQueues<'a> = &'a dyn Fn(&str, usize) -> Result<Vec<Box<dyn Port + Send>>, String>;
+
+/// Every shard's port, shard 0's first, and, for ports on queues, the table of doorbells that
+/// wakes a shard when another has steered a frame to it.
+pub type ShardSet = (
+    Vec<Box<dyn Port + Send>>,
+    Option<std::sync::Arc<super::steered::WakeTable>>,
+);
+
+/// A datapath opened for a device split into shards, one per polling thread, before the
+/// shards' RNICs exist: the ports are handed out by [`ShardPorts::into_ports`] once the
+/// device's QPN steering (its keys) is known.
+pub struct ShardPorts {
+    kind: ShardKind,
+    /// Keeps the kernel from answering RoCE's UDP port (see [`KernelGuard`]).
+    pub guard: Option<KernelGuard>,
+}
+
+enum ShardKind {
+    /// AF_PACKET: shard 0's socket, concrete (it makes the fanout group once the keys are
+    /// known), and what the others open with.
+    Fanout {
+        first: Box<AfPacketPort>,
+        ifname: String,
+        opts: AfPacketOptions,
+        threads: usize,
+    },
+    /// A port per queue (AF_XDP, DPDK), shard k's on queue k.
+    Queues(Vec<Box<dyn Port + Send>>),
+}
+
+impl std::fmt::Debug for ShardPorts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShardPorts")
+            .field("port", &self.first().name())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Opens the datapath `dev` for a device on `threads` polling threads (more than one):
+/// AF_PACKET (a packet socket per shard, in one fanout group), AF_XDP (the socket of queue k
+/// for shard k) or DPDK (rx and tx queue k of the port for shard k). `threads_what` names the
+/// setting in error messages (`--threads 2`, `ROCEMU_THREADS=2`); the rest is as
+/// [`open_datapath`].
+pub fn open_datapath_shards(
+    what: &str,
+    threads_what: &str,
+    dev: &str,
+    addrs: &[IpAddr],
+    promiscuous: bool,
+    threads: usize,
+    dpdk_queues: OpenDpdkQueues<'_>,
+) -> Result<ShardPorts, String> {
+    use crate::rnic::MAX_SHARDS;
+    if !(2..=MAX_SHARDS).contains(&threads) {
+        return Err(format!(
+            "{threads_what}: from 2 to {MAX_SHARDS} threads on a datapath"
+        ));
+    }
+    let opts = AfPacketOptions {
+        promiscuous,
+        addrs: addrs.to_vec(),
+        fanout: None,
+    };
+    let guard = Some(KernelGuard::new());
+    let kind = if let Some(ifname) = dev.strip_prefix("af_packet:") {
+        let first = AfPacketPort::open(ifname, &opts).map_err(|e| e.to_string())?;
+        ShardKind::Fanout {
+            first: Box::new(first),
+            ifname: ifname.to_string(),
+            opts,
+            threads,
+        }
+    } else if let Some(ifname) = dev.strip_prefix("af_xdp:") {
+        let ps = AfXdpPort::open_shards(ifname, &opts, threads).map_err(|e| e.to_string())?;
+        ShardKind::Queues(
+            ps.into_iter()
+                .map(|p| Box::new(p) as Box<dyn Port + Send>)
+                .collect(),
+        )
+    } else if let Some(args) = dev.strip_prefix("dpdk:") {
+        ShardKind::Queues(dpdk_queues(args, threads)?)
+    } else {
+        return Err(format!(
+            "{threads_what} on a datapath: {what} af_packet:IFACE, af_xdp:IFACE or dpdk:'EAL ARGS'"
+        ));
+    };
+    Ok(ShardPorts { kind, guard })
+}
+
+impl ShardPorts {
+    /// Shard 0's port (for the device's MAC, MTU and name).
+    pub fn first(&self) -> &dyn Port {
+        match &self.kind {
+            ShardKind::Fanout { first, .. } => &**first,
+            ShardKind::Queues(ps) => &*ps[0],
+        }
+    }
+
+    /// Every shard's port, shard 0's first, for a device whose QPN steering is `steering`
+    /// ([`crate::rnic::Rnic::qpn_steering`], the same in every shard): on AF_PACKET the
+    /// sockets join one fanout group whose program hands each frame to the shard that has its
+    /// QP; on queues, a frame read on another shard's queue goes to its shard through a ring
+    /// ([`super::steered`]), whose reader is woken through the returned table (set each
+    /// shard's engine's doorbell in it).
+    pub fn into_ports(self, steering: crate::rnic::QpnSteering) -> Result<ShardSet, String> {
+        use super::af_packet::Fanout;
+        match self.kind {
+            ShardKind::Fanout {
+                mut first,
+                ifname,
+                opts,
+                threads,
+            } => {
+                let id = first
+                    .join_fanout(&Fanout::First(steering))
+                    .map_err(|e| e.to_string())?;
+                let mut ports: Vec<Box<dyn Port + Send>> = vec![first];
+                // The others join in shard order: the group numbers its members as they join.
+                for _ in 1..threads {
+                    let o = AfPacketOptions {
+                        fanout: Some(Fanout::Join(id)),
+                        ..opts.clone()
+                    };
+                    let p = AfPacketPort::open(&ifname, &o).map_err(|e| e.to_string())?;
+                    ports.push(Box::new(p));
+                }
+                Ok((ports, None))
+            }
+            ShardKind::Queues(ps) => {
+                let (ports, table) = super::steered::steered(ps, steering);
+                Ok((
+                    ports
+                        .into_iter()
+                        .map(|p| Box::new(p) as Box<dyn Port + Send>)
+                        .collect(),
+                    Some(table),
+                ))
+            }
+        }
+    }
+}
