@@ -20,7 +20,8 @@
 //! The library reads its configuration from `ROCEMU_DEV`, `ROCEMU_IP`, `ROCEMU_MAC`,
 //! `ROCEMU_NAME`, the congestion control `ROCEMU_ECN`, `ROCEMU_CC`, `ROCEMU_CC_PARAMS`, and the impairments `ROCEMU_LOSS`, `ROCEMU_REORDER`,
 //! `ROCEMU_DUPLICATE`, `ROCEMU_CORRUPT`, `ROCEMU_SEED` (`--loss` … `--seed`, checked here as
-//! `rocemu perf` checks them; they need `--dev`). With `--dev` the command line is the whole
+//! `rocemu perf` checks them; they need `--dev`), and the polling threads `ROCEMU_THREADS`
+//! (`--threads`). With `--dev` the command line is the whole
 //! configuration: any other of these inherited from the caller's environment is removed
 //! unless given again (an impairment of 0 is not set at all). Without `--dev` the caller's `ROCEMU_*` variables pass through unchanged
 //! (the library lists no device when there are none).
@@ -74,9 +75,14 @@ pub struct Args {
     /// (handed on as ROCEMU_LOSS, ROCEMU_REORDER, ROCEMU_DUPLICATE, ROCEMU_CORRUPT, ROCEMU_SEED).
     #[command(flatten)]
     imp: ImpairArgs,
+    /// The device on N polling threads, its QPs dealt out between them (handed on as
+    /// ROCEMU_THREADS=N; as `rocemu perf --threads N`: a datapath with several queues, and no
+    /// impairments).
+    #[arg(long, value_name = "N")]
+    threads: Option<usize>,
     /// Print the directory to put first on LD_LIBRARY_PATH, and exit.
     #[arg(long, conflicts_with_all = ["dev", "ip", "mac", "name", "ecn", "loss", "reorder",
-        "duplicate", "corrupt", "seed", "program"])]
+        "duplicate", "corrupt", "seed", "threads", "program"])]
     libdir: bool,
     /// The program and its arguments (after `--`).
     #[arg(
@@ -160,6 +166,7 @@ struct Config {
     /// Loss, reorder, duplicate, corrupt: each a probability in 0…1 (checked).
     imp: [f64; 4],
     seed: Option<u64>,
+    threads: Option<usize>,
 }
 
 /// The impairments' variables, in the order of [`Config::imp`].
@@ -197,10 +204,28 @@ impl Config {
                      (af_packet:IFACE, af_xdp:IFACE or dpdk:'EAL ARGS')",
                 ));
             }
+            if a.threads.is_some() {
+                return Err(cannot_start(
+                    "--threads needs --dev (af_packet:IFACE, af_xdp:IFACE or dpdk:'EAL ARGS')",
+                ));
+            }
             return Ok(None);
         };
         check_dev(dev)?;
         a.cc.config(None).map_err(cannot_start)?;
+        if let Some(n) = a.threads {
+            use rocemu_emulator::rnic::MAX_SHARDS;
+            if !(1..=MAX_SHARDS).contains(&n) {
+                return Err(cannot_start(format!(
+                    "--threads {n}: from 1 to {MAX_SHARDS}"
+                )));
+            }
+            if n > 1 && !imp.is_none() {
+                return Err(cannot_start(format!(
+                    "--threads {n} with impairments: each thread's port would need its own"
+                )));
+            }
+        }
         let ip = a.ip.as_deref().ok_or_else(|| {
             cannot_start(format!("--dev {dev} needs --ip ADDR (the RNIC's address)"))
         })?;
@@ -230,6 +255,7 @@ impl Config {
             cc: a.cc.clone(),
             imp: [imp.loss, imp.reorder, imp.duplicate, imp.corrupt],
             seed: a.imp.seed,
+            threads: a.threads,
         }))
     }
 
@@ -246,6 +272,7 @@ impl Config {
             v.push((k, (p > 0.0).then(|| p.to_string())));
         }
         v.push(("ROCEMU_SEED", self.seed.map(|s| s.to_string())));
+        v.push(("ROCEMU_THREADS", self.threads.map(|n| n.to_string())));
         v
     }
 }
@@ -421,6 +448,7 @@ mod tests {
                 corrupt: 0.0,
                 seed: None,
             },
+            threads: None,
             libdir: false,
             program: vec!["true".into()],
         }
@@ -458,8 +486,27 @@ mod tests {
                 ("ROCEMU_DUPLICATE", None),
                 ("ROCEMU_CORRUPT", None),
                 ("ROCEMU_SEED", None),
+                ("ROCEMU_THREADS", None),
             ]
         );
+    }
+
+    #[test]
+    fn threads_are_checked_and_handed_on() {
+        let mut a = args(Some("af_packet:lo"), Some("10.0.0.1"), None);
+        a.threads = Some(2);
+        let env = Config::from_args(&a).unwrap().unwrap().env();
+        assert!(env.contains(&("ROCEMU_THREADS", Some("2".into()))));
+        for n in [0, rocemu_emulator::rnic::MAX_SHARDS + 1] {
+            a.threads = Some(n);
+            assert!(refused(&a).contains("from 1 to"), "{n}");
+        }
+        a.threads = Some(2);
+        a.imp.loss = 0.1;
+        assert!(refused(&a).contains("with impairments"));
+        let mut a = args(None, None, None);
+        a.threads = Some(2);
+        assert!(refused(&a).contains("--threads needs --dev"));
     }
 
     #[test]

@@ -24,3 +24,20 @@ pub fn register(
     let mem = unsafe { ForeignMem::new(addr, len) };
     rnic.reg_mr_foreign(pd, mem, iova, access)
 }
+
+/// [`register`] in another shard of the device, under the keys `keys` (L_Key, R_Key) shard 0
+/// gave the same memory.
+pub fn register_keyed(
+    rnic: &mut Rnic,
+    pd: PdId,
+    addr: *mut u8,
+    len: usize,
+    iova: u64,
+    access: Access,
+    keys: (u32, u32),
+) -> Result<MrInfo, VerbsError> {
+    // SAFETY: as in `register`: ibv_reg_mr's contract, and ibv_dereg_mr deregisters the
+    // region in every shard, each under its lock, before it returns.
+    let mem = unsafe { ForeignMem::new(addr, len) };
+    rnic.reg_mr_foreign_keyed(pd, mem, iova, access, keys)
+}

@@ -1,6 +1,7 @@
 //! The device and its RNIC: configuration from the environment, the `ibv_device` that
 //! `ibv_get_device_list` lists, and the one RNIC per process, started at the first
-//! `ibv_open_device` and shared by every context opened on it.
+//! `ibv_open_device` and shared by every context opened on it (with `ROCEMU_THREADS=N`, one
+//! device of N shards: see below).
 //!
 //! Configuration: `ROCEMU_DEV` (`af_packet:IFACE`, `af_xdp:IFACE`, or `dpdk:'EAL ARGS'` with the feature `dpdk`),
 //! `ROCEMU_IP` (the address: GID index 1), `ROCEMU_MAC` (default: the interface's),
@@ -17,6 +18,17 @@
 //! device. The device answers `rocemu stats` on a socket named after `ROCEMU_NAME` (see
 //! `rocemu_emulator::stats`), removed when the program exits.
 //!
+//! `ROCEMU_THREADS=N` (`rocemu exec --threads N`) runs the device on N engine threads, as
+//! `rocemu perf --threads N`: N shards, each an RNIC (`RnicConfig::shard`) with its own lock,
+//! engine and port — AF_PACKET sockets in one fanout group, AF_XDP's socket of queue k, or DPDK's
+//! rx/tx queue k (`open_datapath_shards`) — the program unchanged. A QP lives in one shard
+//! (dealt out in turn, or the shard of its SRQ; its QPN says which, [`Nic::shard_of`]) and its
+//! verbs take that shard's lock alone; PDs, MRs and CQs have a copy in every shard (an MR under
+//! the keys shard 0 gave it; created, destroyed and armed under every shard's lock, taken in
+//! shard order), so that `ibv_poll_cq` reads each shard's copy in turn and a completion channel
+//! hears one event per `ibv_req_notify_cq` (`verbs::Cq::armed`). Shard 0 answers ARP and
+//! neighbour discovery and runs rdma_cm's QP1; a device of one shard is what it always was.
+//!
 //! The engine thread turns the engine (`Engine::poll`) with the RNIC's lock held for one turn at
 //! a time, and between turns answers what the verbs cannot do without the port: asking a
 //! peer's MAC (ARP / neighbour discovery, for `modify_qp` to RTR and `create_ah`), and handing
@@ -24,23 +36,26 @@
 //! verb waiting for it makes the engine thread step aside before its next turn (`waiting`), so
 //! that a thread polling a CQ is not starved by a spinning engine.
 //!
-//! Doorbell: every verb but `ibv_poll_cq` takes the lock through [`Nic::lock`], whose guard
+//! Doorbell: every verb but `ibv_poll_cq` takes a shard's lock through [`Nic::lock_shard`] (or
+//! [`Nic::lock`], shard 0's; [`Nic::lock_qp`]; [`Nic::lock_all`]), whose guard
 //! rings the engine's [`Doorbell`] when it is released (one atomic load while the engine is
 //! awake): what the verb gave the RNIC (a send or receive posted, a QP moved to RTS, a CQ
 //! armed) is served at once rather than when the engine's nap ends.
 //!
-//! Invariant: the RNIC is only touched with `inner` locked; every object pointer kept in
-//! `Inner`'s maps is a live object of ours (inserted at create, removed at destroy, both under
-//! the lock).
+//! Invariant: a shard's RNIC is only touched with its `inner` locked; every object pointer kept
+//! in a shard's `Inner` maps is a live object of ours (inserted at create, removed at destroy,
+//! both under the lock); more than one shard's lock is taken only in shard order.
 use crate::abi::*;
 use crate::ffi::copy_cstr;
 use rocemu_emulator::engine::{Doorbell, Engine, IdleStrategy};
 use rocemu_emulator::port::impair::ImpairedPort;
-use rocemu_emulator::port::open::{open_datapath, OpenedPort};
+use rocemu_emulator::port::open::{open_datapath, open_datapath_shards, OpenedPort, ShardPorts};
 use rocemu_emulator::port::Port;
 use rocemu_emulator::rng::Seed;
 use rocemu_emulator::rnic::cc::{CcAlgo, CcConfig};
-use rocemu_emulator::rnic::{AsyncEvent, CqId, Mac, Rnic, RnicConfig, Wc};
+use rocemu_emulator::rnic::{
+    AsyncEvent, CqId, Mac, QpnSteering, Rnic, RnicConfig, Shard, Wc, MAX_SHARDS,
+};
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, Ipv6Addr};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -80,6 +95,8 @@ pub struct Config {
     pub known_mac: Option<Mac>,
     /// `ROCEMU_ECN`, `ROCEMU_CC`, `ROCEMU_CC_PARAMS`, on the port's line rate.
     pub cc: CcConfig,
+    /// `ROCEMU_THREADS`: the polling threads the device runs on (1 by default).
+    pub threads: usize,
 }
 
 const HOW: &str = "rocemu: no device: set ROCEMU_DEV=af_packet:IFACE and ROCEMU_IP=ADDR, \
@@ -133,15 +150,41 @@ fn read_config() -> Result<Config, String> {
         ));
     };
     let cc = cc_from_env(&dev, |k| std::env::var(k).ok())?;
+    let impair = crate::impair::from_env()?;
+    let threads = threads_from_env(std::env::var("ROCEMU_THREADS").ok(), &impair)?;
     Ok(Config {
         cc,
-        impair: crate::impair::from_env()?,
+        threads,
+        impair,
         name,
         dev,
         ip,
         mac,
         known_mac,
     })
+}
+
+/// `ROCEMU_THREADS=N`: the device on N polling threads (1 to [`MAX_SHARDS`]), as `rocemu
+/// perf --threads N`; not with impairments (each thread's port would need its own).
+fn threads_from_env(v: Option<String>, impair: &crate::impair::Impair) -> Result<usize, String> {
+    let Some(v) = v.filter(|v| !v.is_empty()) else {
+        return Ok(1);
+    };
+    let n = v
+        .parse::<usize>()
+        .ok()
+        .filter(|n| (1..=MAX_SHARDS).contains(n))
+        .ok_or_else(|| {
+            format!(
+                "rocemu: ROCEMU_THREADS={v}: a number of threads from 1 to {MAX_SHARDS}; no device"
+            )
+        })?;
+    if n > 1 && !impair.imp.is_none() {
+        return Err(format!(
+            "rocemu: ROCEMU_THREADS={v} with impairments: each thread's port would need its own; no device"
+        ));
+    }
+    Ok(n)
 }
 
 /// Congestion control from the environment, as `rocemu exec` hands it on: `ROCEMU_ECN=1`
@@ -233,7 +276,7 @@ pub struct Event {
     pub element: usize,
 }
 
-/// What the lock guards.
+/// What a shard's lock guards.
 pub struct Inner {
     pub rnic: Rnic,
     /// `ibv_poll_cq`'s scratch: taken from the core, then written into the caller's array
@@ -250,23 +293,54 @@ pub struct Inner {
     /// turn).
     pub cq_events: Vec<CqId>,
     pub async_scratch: Vec<AsyncEvent>,
-    /// rdma_cm: QP1, the CM agent, the ids and their events (made at the first rdma_cm call).
+    /// rdma_cm: QP1, the CM agent, the ids and their events (made at the first rdma_cm call;
+    /// shard 0's only).
     pub cm: Option<Box<crate::rdmacm::service::Service>>,
+}
+
+impl Inner {
+    fn new(rnic: Rnic) -> Inner {
+        Inner {
+            rnic,
+            wcs: Vec::with_capacity(4096),
+            events: VecDeque::new(),
+            cqs: HashMap::new(),
+            qps: HashMap::new(),
+            srqs: HashMap::new(),
+            cq_events: Vec::with_capacity(64),
+            async_scratch: Vec::with_capacity(64),
+            cm: None,
+        }
+    }
+}
+
+/// One shard of the device: an RNIC, the engine thread that turns it, and their lock. A
+/// device on one thread (the default) is one shard; with `ROCEMU_THREADS=N` there are N, each
+/// with the QPs whose QPN it made ([`Rnic::shard_of_qpn`]) and a copy of every PD, MR and CQ.
+struct ShardNic {
+    inner: Mutex<Inner>,
+    /// Verbs waiting for the lock: the engine thread lets them in before its next turn.
+    waiting: AtomicUsize,
+    /// Wakes the engine thread when it sleeps.
+    bell: Arc<Doorbell>,
+    /// At exit: nothing left to send, in the RNIC or the port (see [`drain_at_exit`]).
+    flushed: std::sync::atomic::AtomicBool,
 }
 
 /// The process's RNIC.
 pub struct Nic {
-    inner: Mutex<Inner>,
-    /// Verbs waiting for the lock: the engine thread lets them in before its next turn.
-    waiting: AtomicUsize,
+    /// Shard 0 first: it answers ARP and neighbour discovery and runs rdma_cm's QP1.
+    shards: Vec<ShardNic>,
+    /// Which shard made a QPN (the device's keys).
+    steering: QpnSteering,
+    /// The shard the next QP without an SRQ goes to (round robin).
+    next_shard: AtomicUsize,
     /// Bumped after every engine turn that did work and by every verb but `ibv_poll_cq`:
     /// a CQ found empty at generation g is still empty while the generation is g, so a program
     /// spinning on an empty CQ does not take the lock (and starve the engine) at all.
     pub progress: AtomicU64,
     /// Addresses a verb waits to know the MAC of.
     want: Mutex<Vec<IpAddr>>,
-    /// Wakes the engine thread when it sleeps.
-    bell: Arc<Doorbell>,
     pub mac: Mac,
     /// GID index i is `ips[i]`.
     pub ips: Vec<IpAddr>,
@@ -275,12 +349,12 @@ pub struct Nic {
     /// `async_fd` is a duplicate of it.
     pub async_efd: libc::c_int,
     pub node_guid: u64,
-    /// Set at exit ([`drain_at_exit`]): the engine thread then hands the port what it holds
-    /// after every turn and says in `flushed` whether anything is left, in the port or to be
-    /// sent by the RNIC (a QP with a queued response is on the transmit schedule).
+    /// Set at exit ([`drain_at_exit`]): each engine thread then hands the port what it holds
+    /// after every turn and says in its shard's `flushed` whether anything is left, in the
+    /// port or to be sent by the RNIC (a QP with a queued response is on the transmit
+    /// schedule).
     exiting: std::sync::atomic::AtomicBool,
-    flushed: std::sync::atomic::AtomicBool,
-    /// When the engine last sent a frame (nanoseconds since `epoch`).
+    /// When an engine last sent a frame (nanoseconds since `epoch`).
     last_tx: AtomicU64,
     epoch: Instant,
     /// The port is DPDK's: frames on it may leave with the process (see [`LINGER`]).
@@ -344,23 +418,62 @@ impl Drop for Locked<'_> {
 }
 
 impl Nic {
-    /// The lock, ahead of the engine's next turn, for a verb that may change what a CQ holds or
-    /// give the RNIC work: the engine is woken when it is released.
+    /// Shard 0's lock, for what concerns the device rather than a QP (its attributes, the
+    /// neighbours, rdma_cm), ahead of the engine's next turn: the engine is woken when it is
+    /// released.
     pub fn lock(&self) -> Locked<'_> {
-        let g = self.lock_to_poll();
+        self.lock_shard(0)
+    }
+
+    /// Shard `k`'s lock, for a verb that may change what a CQ holds or give the RNIC work:
+    /// its engine is woken when it is released.
+    pub fn lock_shard(&self, k: usize) -> Locked<'_> {
+        let g = self.lock_to_poll(k);
         self.progress.fetch_add(1, Ordering::SeqCst);
         Locked {
             g: Some(g),
-            bell: &self.bell,
+            bell: &self.shards[k].bell,
         }
     }
 
-    /// The lock, for `ibv_poll_cq` (which only takes from CQs: no new generation).
-    pub fn lock_to_poll(&self) -> MutexGuard<'_, Inner> {
-        self.waiting.fetch_add(1, Ordering::Relaxed);
-        let g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        self.waiting.fetch_sub(1, Ordering::Relaxed);
+    /// The lock of the shard that has QP `qpn`.
+    pub fn lock_qp(&self, qpn: rocemu_wire::Qpn) -> Locked<'_> {
+        self.lock_shard(self.shard_of(qpn))
+    }
+
+    /// Every shard's lock, in shard order (the one order in which more than one is taken),
+    /// for a verb on an object every shard has a copy of (PD, MR, CQ).
+    pub fn lock_all(&self) -> Vec<Locked<'_>> {
+        (0..self.shards.len()).map(|k| self.lock_shard(k)).collect()
+    }
+
+    /// The lock of shard `k`, for `ibv_poll_cq` (which only takes from CQs: no new
+    /// generation).
+    pub fn lock_to_poll(&self, k: usize) -> MutexGuard<'_, Inner> {
+        let s = &self.shards[k];
+        s.waiting.fetch_add(1, Ordering::Relaxed);
+        let g = s.inner.lock().unwrap_or_else(|p| p.into_inner());
+        s.waiting.fetch_sub(1, Ordering::Relaxed);
         g
+    }
+
+    /// How many shards (polling threads) the device has.
+    pub fn shard_count(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// The shard that made `qpn` (and has its QP).
+    pub fn shard_of(&self, qpn: rocemu_wire::Qpn) -> usize {
+        if self.shards.len() == 1 {
+            0
+        } else {
+            self.steering.shard_of(qpn.value()) as usize
+        }
+    }
+
+    /// The shard for a new QP without an SRQ: each in turn.
+    pub fn pick_shard(&self) -> usize {
+        self.next_shard.fetch_add(1, Ordering::Relaxed) % self.shards.len()
     }
 
     /// Waits (up to [`DRAIN`]) until the responses that `qpn` has queued for the wire — ACKs,
@@ -373,7 +486,7 @@ impl Nic {
         let deadline = Instant::now() + DRAIN;
         let mut rung = false;
         loop {
-            let left = self.lock().rnic.queued_responses(qpn).unwrap_or(0);
+            let left = self.lock_qp(qpn).rnic.queued_responses(qpn).unwrap_or(0);
             if left == 0 {
                 return;
             }
@@ -389,7 +502,7 @@ impl Nic {
                 return;
             }
             if !rung {
-                self.bell.ring();
+                self.shards[self.shard_of(qpn)].bell.ring();
                 rung = true;
             }
             std::thread::sleep(Duration::from_micros(20));
@@ -410,7 +523,7 @@ impl Nic {
             }
             if !asked {
                 self.want.lock().unwrap_or_else(|p| p.into_inner()).push(ip);
-                self.bell.ring();
+                self.shards[0].bell.ring();
                 asked = true;
             }
             std::thread::sleep(Duration::from_millis(1));
@@ -457,9 +570,11 @@ pub fn nic() -> Result<&'static Nic, libc::c_int> {
 extern "C" fn drain_at_exit() {
     let Some(n) = started() else { return };
     n.exiting.store(true, Ordering::SeqCst);
-    n.bell.ring();
+    for s in &n.shards {
+        s.bell.ring();
+    }
     let deadline = Instant::now() + DRAIN;
-    while !n.flushed.load(Ordering::SeqCst) && Instant::now() < deadline {
+    while !n.shards.iter().all(|s| s.flushed.load(Ordering::SeqCst)) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_micros(50));
     }
     if n.lingers {
@@ -493,6 +608,25 @@ fn open_dpdk(args: &str) -> Result<Box<dyn Port + Send>, String> {
     }
 }
 
+/// The first port of the EAL `args` makes, with `n` rx and tx queues: a port per queue.
+fn open_dpdk_queues(args: &str, n: usize) -> Result<Vec<Box<dyn Port + Send>>, String> {
+    #[cfg(feature = "dpdk")]
+    {
+        let n = u16::try_from(n).map_err(|_| format!("ROCEMU_THREADS={n}: too many queues"))?;
+        let config = rocemu_dpdk::DpdkConfig::default();
+        let ps = rocemu_dpdk::DpdkPort::open_queues(args, &config, n).map_err(|e| e.to_string())?;
+        Ok(ps
+            .into_iter()
+            .map(|p| Box::new(p) as Box<dyn Port + Send>)
+            .collect())
+    }
+    #[cfg(not(feature = "dpdk"))]
+    {
+        let _ = n;
+        open_dpdk(args).map(|_| Vec::new())
+    }
+}
+
 /// Starts the engine thread, which opens the datapath and makes the RNIC; returns once the
 /// datapath is open (or would not open).
 ///
@@ -513,7 +647,7 @@ fn start() -> Result<&'static Nic, String> {
         .spawn(move || match open_nic() {
             Ok((nic, engine, guard)) => {
                 let _ = tx.send(Ok(nic));
-                run(nic, engine, guard)
+                run(nic, 0, engine, guard)
             }
             Err(e) => {
                 let _ = tx.send(Err(e));
@@ -530,7 +664,14 @@ type Opened = (
     Option<rocemu_emulator::port::af_packet::KernelGuard>,
 );
 
-/// On the engine thread: the datapath, the RNIC and its engine.
+/// The datapath as it opened: one port, or a port per shard to come.
+enum Datapath {
+    One(OpenedPort),
+    Shards(ShardPorts),
+}
+
+/// On the engine thread: the datapath, the RNIC and its engine; with `ROCEMU_THREADS=N`, the
+/// RNIC of every shard, and the engine threads of shards 1 to N - 1, started.
 fn open_nic() -> Result<Opened, String> {
     let cfg = config().ok_or("no device configured")?;
     let mut addrs = vec![cfg.ip];
@@ -542,37 +683,72 @@ fn open_nic() -> Result<Opened, String> {
     // as before, so that it is not confined to one core with a program thread
     // (ib_write_bw -s 64 over memif: 0.027 Mpps when it was).
     let cpus = affinity();
-    let opened = open_datapath(
-        "ROCEMU_DEV",
-        &cfg.dev,
-        &addrs,
-        cfg.mac.is_some(),
-        &open_dpdk,
-    );
+    let opened = if cfg.threads > 1 {
+        open_datapath_shards(
+            "ROCEMU_DEV",
+            &format!("ROCEMU_THREADS={}", cfg.threads),
+            &cfg.dev,
+            &addrs,
+            cfg.mac.is_some(),
+            cfg.threads,
+            &open_dpdk_queues,
+        )
+        .map(Datapath::Shards)
+    } else {
+        open_datapath(
+            "ROCEMU_DEV",
+            &cfg.dev,
+            &addrs,
+            cfg.mac.is_some(),
+            &open_dpdk,
+        )
+        .map(Datapath::One)
+    };
     if let Some(c) = cpus {
         set_affinity(&c);
     }
-    let OpenedPort { port, guard } = opened?;
-    let mac = cfg.mac.unwrap_or(port.mac());
+    let opened = opened?;
+    let first: &dyn Port = match &opened {
+        Datapath::One(o) => &*o.port,
+        Datapath::Shards(s) => s.first(),
+    };
+    let (port_mac, eth_mtu, port_name) = (first.mac(), first.mtu(), first.name());
+    let mac = cfg.mac.unwrap_or(port_mac);
     if mac == Mac([0; 6]) || mac.is_multicast() {
         return Err(format!(
-            "{} has MAC {mac}, which cannot be a unicast source: set ROCEMU_MAC",
-            port.name()
+            "{port_name} has MAC {mac}, which cannot be a unicast source: set ROCEMU_MAC"
         ));
     }
     let ips = vec![link_local(mac), cfg.ip];
     let mut rc = RnicConfig::new(mac, cfg.ip, 0);
     rc.ips = ips.clone();
     rc.seed = Seed::replay_or_os(cfg.impair.seed)?;
-    rc.eth_mtu = port.mtu();
+    rc.eth_mtu = eth_mtu;
     rc.cc = cfg.cc.clone();
-    let eth_mtu = port.mtu();
-    let rnic = Rnic::new(rc);
-    let port: Box<dyn Port + Send> = match cfg.impair {
-        i if i.imp.is_none() => port,
-        i => Box::new(ImpairedPort::new(port, i.imp, i.impair_seed())),
+    rc.shard = Shard {
+        index: 0,
+        count: cfg.threads as u32,
     };
-    let mut engine = Engine::new(port);
+    let mut rnics = vec![Rnic::new(rc.clone())];
+    let steering = rnics[0].qpn_steering();
+    for k in 1..cfg.threads {
+        rc.shard.index = k as u32;
+        rnics.push(Rnic::new(rc.clone()));
+    }
+    let (ports, guard, table) = match opened {
+        Datapath::One(o) => {
+            let port: Box<dyn Port + Send> = match cfg.impair {
+                i if i.imp.is_none() => o.port,
+                i => Box::new(ImpairedPort::new(o.port, i.imp, i.impair_seed())),
+            };
+            (vec![port], o.guard, None)
+        }
+        Datapath::Shards(mut s) => {
+            let guard = s.guard.take();
+            let (ports, table) = s.into_ports(steering)?;
+            (ports, guard, table)
+        }
+    };
     // Sleep when idle unless told to spin: the program's own threads spin on their CQs (or on
     // memory, as ib_write_lat does, without calling us), and a spinning engine beside them on a
     // machine with fewer free cores than spinning threads starves them (ibv_rc_pingpong on two
@@ -580,59 +756,84 @@ fn open_nic() -> Result<Opened, String> {
     // delays a frame that comes while it sleeps or has yielded its core (ib_write_lat: ~2 ms).
     // Woken by the port's descriptor and the verbs' doorbell, the engine runs exactly when
     // there is work. ROCEMU_IDLE=busy spins, as `rocemu perf` does, for one core per engine.
-    engine.set_idle_strategy(match std::env::var("ROCEMU_IDLE").as_deref() {
+    let idle = match std::env::var("ROCEMU_IDLE").as_deref() {
         Ok("busy") => IdleStrategy::BusyPoll,
         Ok("backoff") => IdleStrategy::Backoff,
         _ => IdleStrategy::Wake,
-    });
+    };
+    let mut engines = Vec::with_capacity(ports.len());
+    let mut bells = Vec::with_capacity(ports.len());
+    for (k, port) in ports.into_iter().enumerate() {
+        let mut engine = Engine::new(port);
+        engine.set_idle_strategy(idle);
+        let bell = engine
+            .doorbell()
+            .map_err(|e| format!("eventfd (the engine's doorbell): {e}"))?;
+        // A frame another shard read for this one's QP rings this shard's engine awake.
+        if let Some(t) = &table {
+            t.set(k, bell.clone());
+        }
+        engines.push(engine);
+        bells.push(bell);
+    }
     // `rocemu stats` finds the program's device by its name (ROCEMU_NAME); without the socket
-    // the device still works.
+    // the device still works. A device on several threads answers as one: each shard its part.
     let id = rocemu_emulator::stats::Identity {
         name: cfg.name.clone(),
-        datapath: engine.port().name(),
+        datapath: engines[0].port().name(),
         address: cfg.ip.to_string(),
         mac: mac.to_string(),
     };
     match rocemu_emulator::stats::server::Server::bind(id) {
-        Ok(s) => engine.serve_stats(s),
+        Ok(s) => {
+            for e in engines.iter_mut().skip(1) {
+                e.serve_stats_shard(s.shard_tap());
+            }
+            engines[0].serve_stats(s)
+        }
         Err(e) => eprintln!("rocemu: stats: {e}; `rocemu stats` will not list this device"),
     }
-    let bell = engine
-        .doorbell()
-        .map_err(|e| format!("eventfd (the engine's doorbell): {e}"))?;
     // SAFETY: eventfd takes no pointers; the descriptor is ours for the life of the process.
     let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_SEMAPHORE) };
     if efd < 0 {
         return Err(format!("eventfd: {}", std::io::Error::last_os_error()));
     }
+    let shards = rnics
+        .into_iter()
+        .zip(bells)
+        .map(|(rnic, bell)| ShardNic {
+            inner: Mutex::new(Inner::new(rnic)),
+            waiting: AtomicUsize::new(0),
+            bell,
+            flushed: std::sync::atomic::AtomicBool::new(false),
+        })
+        .collect();
     let nic: &'static Nic = Box::leak(Box::new(Nic {
-        inner: Mutex::new(Inner {
-            rnic,
-            wcs: Vec::with_capacity(4096),
-            events: VecDeque::new(),
-            cqs: HashMap::new(),
-            qps: HashMap::new(),
-            srqs: HashMap::new(),
-            cq_events: Vec::with_capacity(64),
-            async_scratch: Vec::with_capacity(64),
-            cm: None,
-        }),
-        waiting: AtomicUsize::new(0),
+        shards,
+        steering,
+        next_shard: AtomicUsize::new(0),
         progress: AtomicU64::new(1),
         want: Mutex::new(Vec::new()),
-        bell,
         mac,
         ips,
         eth_mtu,
         async_efd: efd,
         node_guid: guid_of(mac),
         exiting: std::sync::atomic::AtomicBool::new(false),
-        flushed: std::sync::atomic::AtomicBool::new(false),
         last_tx: AtomicU64::new(0),
         epoch: Instant::now(),
         lingers: cfg.dev.starts_with("dpdk:"),
     }));
-    Ok((nic, engine, guard))
+    let mut engines = engines.into_iter();
+    let first = engines.next().expect("shard 0's engine");
+    for (k, engine) in engines.enumerate() {
+        let k = k + 1;
+        std::thread::Builder::new()
+            .name(format!("rocemu-engine{k}"))
+            .spawn(move || run(nic, k, engine, None))
+            .map_err(|e| format!("cannot start engine thread {k}: {e}"))?;
+    }
+    Ok((nic, first, guard))
 }
 
 /// The core's asynchronous events, as the program will see them, to the async eventfd.
@@ -686,10 +887,11 @@ struct Asking {
     until: Instant,
 }
 
-/// The engine thread: a turn of the engine per iteration, then the neighbour requests and the
-/// events. Runs for the life of the process.
+/// Shard `k`'s engine thread: a turn of the engine per iteration, then (shard 0) the neighbour
+/// requests and rdma_cm, and the events. Runs for the life of the process.
 fn run(
     nic: &'static Nic,
+    k: usize,
     mut engine: Engine,
     _guard: Option<rocemu_emulator::port::af_packet::KernelGuard>,
 ) {
@@ -704,18 +906,25 @@ fn run(
         // always-runnable program thread for a whole time slice), bounded so that a verb
         // thread descheduled between announcing itself and locking does not stop the engine.
         let mut spins = 0;
-        while nic.waiting.load(Ordering::Relaxed) > 0 && spins < 256 {
+        let shard = &nic.shards[k];
+        while shard.waiting.load(Ordering::Relaxed) > 0 && spins < 256 {
             std::hint::spin_loop();
             spins += 1;
         }
         let w = {
-            let mut g = nic.inner.lock().unwrap_or_else(|p| p.into_inner());
+            let mut g = shard.inner.lock().unwrap_or_else(|p| p.into_inner());
             let g = &mut *g;
             let mut w = engine.poll(&mut g.rnic);
             if let Some(cm) = g.cm.as_mut() {
                 w += crate::rdmacm::service::turn(cm, &mut g.rnic, &mut engine);
             }
-            if let Ok(mut want) = nic.want.try_lock() {
+            // Shard 0 answers ARP and neighbour discovery: it asks.
+            let want = if k == 0 {
+                nic.want.try_lock().ok()
+            } else {
+                None
+            };
+            if let Some(mut want) = want {
                 let now = Instant::now();
                 for ip in want.drain(..) {
                     if !asking.iter().any(|a| a.ip == ip) {
@@ -755,7 +964,7 @@ fn run(
             crate::verbs::deliver_cq_events(g);
             if nic.exiting.load(Ordering::Relaxed) {
                 let clear = engine.flush() && !g.rnic.wants_transmit();
-                nic.flushed.store(clear, Ordering::SeqCst);
+                shard.flushed.store(clear, Ordering::SeqCst);
             }
             w
         };
@@ -766,7 +975,7 @@ fn run(
             if tx != sent {
                 sent = tx;
                 nic.last_tx
-                    .store(nic.epoch.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                    .fetch_max(nic.epoch.elapsed().as_nanos() as u64, Ordering::Relaxed);
             }
         }
         engine.idle(w);
@@ -784,6 +993,26 @@ mod tests {
         assert_eq!(vdev_mac("--vdev=net_memif0,role=client"), None);
         assert_eq!(vdev_mac("--vdev=net_tap0,mac=fixed"), None);
         assert_eq!(vdev_mac("--vdev=net_memif0,mac=01:00:5e:00:00:01"), None);
+    }
+
+    #[test]
+    fn threads_come_from_the_environment() {
+        let none = crate::impair::Impair::default();
+        assert_eq!(threads_from_env(None, &none), Ok(1));
+        assert_eq!(threads_from_env(Some(String::new()), &none), Ok(1));
+        assert_eq!(threads_from_env(Some("3".into()), &none), Ok(3));
+        for bad in ["0", "65", "two", "-1"] {
+            let e = threads_from_env(Some(bad.into()), &none).unwrap_err();
+            assert!(
+                e.contains("from 1 to 64") && e.ends_with("no device"),
+                "{e}"
+            );
+        }
+        let mut lossy = none;
+        lossy.imp.loss = 0.1;
+        assert_eq!(threads_from_env(Some("1".into()), &lossy), Ok(1));
+        let e = threads_from_env(Some("2".into()), &lossy).unwrap_err();
+        assert!(e.contains("with impairments"), "{e}");
     }
 
     #[test]

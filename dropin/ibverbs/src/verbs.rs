@@ -15,7 +15,7 @@
 #![allow(clippy::missing_safety_doc, clippy::not_unsafe_ptr_arg_deref)]
 use crate::abi::*;
 use crate::ffi::{errno_of, guard, set_errno};
-use crate::nic::{self, Inner, Nic, GID_TBL_LEN, VENDOR_ID};
+use crate::nic::{self, Inner, Locked, Nic, GID_TBL_LEN, VENDOR_ID};
 use crate::rdmacm::live;
 use libc::{c_char, c_int, c_uint, c_void, size_t, EINVAL, ENOMEM, EOPNOTSUPP};
 use rocemu_emulator::rnic::*;
@@ -25,7 +25,7 @@ use std::ffi::CStr;
 use std::mem::{offset_of, size_of, zeroed};
 use std::net::IpAddr;
 use std::ptr::{null, null_mut};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 // ---- our objects ---------------------------------------------------------------------------
@@ -38,7 +38,8 @@ pub struct Ctx {
 #[repr(C)]
 pub struct Pd {
     pub ibv: ibv_pd,
-    pub id: PdId,
+    /// Its id in each shard (shard k's k-th): every shard has a copy of every PD.
+    pub ids: Vec<PdId>,
     /// Its live address handles (they live here, not in the core): `ibv_dealloc_pd` is EBUSY
     /// while there are any. Changed under the NIC lock.
     pub ahs: AtomicU32,
@@ -64,9 +65,16 @@ pub struct Channel {
 pub struct Cq {
     pub ibv: ibv_cq,
     pub ex: std::cell::UnsafeCell<ibv_cq_ex_ops>,
-    pub id: CqId,
+    /// Its id in each shard (shard k's k-th): every shard has a copy of every CQ, where its
+    /// QPs' completions go.
+    pub ids: Vec<CqId>,
     /// The NIC's `progress` at which this CQ was last found empty (0: never).
     pub empty_at: AtomicU64,
+    /// Armed by `ibv_req_notify_cq` and not fired since: on a device of several shards, every
+    /// shard's copy of the CQ is armed, and the first to fire sends the one event.
+    pub armed: AtomicBool,
+    /// The shard whose copy `ibv_poll_cq` reads first.
+    pub poll_next: AtomicUsize,
     pub poll: crate::cq_ex::PollState,
 }
 
@@ -119,9 +127,9 @@ macro_rules! try_errno {
 }
 
 /// What every `ibv_destroy_*` / `ibv_dealloc_pd` / `ibv_dereg_mr` does around its own part:
-/// EINVAL for NULL; under the RNIC's lock, `undo` takes the object out of the core and our
-/// tables, or refuses with an errno (EBUSY while in use) and changes nothing; then, the lock
-/// released, the object's memory is given back.
+/// EINVAL for NULL; `undo`, under the lock of every shard that has the object, takes it out of
+/// the core and our tables, or refuses with an errno (EBUSY while in use) and changes nothing;
+/// then, the locks released, the object's memory is given back.
 ///
 /// # Safety
 ///
@@ -130,19 +138,17 @@ macro_rules! try_errno {
 unsafe fn destroy<T>(
     obj: *mut T,
     kind: usize,
-    undo: impl FnOnce(&mut Inner, &T) -> Result<(), c_int>,
+    undo: impl FnOnce(&Nic, &T) -> Result<(), c_int>,
 ) -> c_int {
     guard(EINVAL, || {
         if obj.is_null() {
             return EINVAL;
         }
         let n = try_errno!(the_nic());
-        let mut g = n.lock();
         // SAFETY: a live object of ours (the caller's contract).
-        if let Err(e) = undo(&mut g, unsafe { &*obj }) {
+        if let Err(e) = undo(n, unsafe { &*obj }) {
             return e;
         }
-        drop(g);
         live::add(kind, -1);
         // SAFETY: a Box of ours, given back once: `undo` took it out of everything that
         // referred to it.
@@ -572,13 +578,19 @@ pub extern "C" fn ibv_alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
             return fail_ptr(EINVAL);
         }
         let n = try_null!(the_nic());
-        let id = try_null!(n.lock().rnic.try_alloc_pd().map_err(|e| errno_of(&e)));
+        let ids = try_null!(in_every_shard(
+            &mut n.lock_all(),
+            |g| g.rnic.try_alloc_pd().map_err(|e| errno_of(&e)),
+            |g, id| {
+                let _ = g.rnic.dealloc_pd(id);
+            },
+        ));
         let pd = Box::new(Pd {
             ibv: ibv_pd {
                 context: ctx,
-                handle: id.0,
+                handle: ids[0].0,
             },
-            id,
+            ids,
             ahs: AtomicU32::new(0),
         });
         live::add(live::PDS, 1);
@@ -589,13 +601,20 @@ pub extern "C" fn ibv_alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
 pub extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
     // SAFETY: a PD from ibv_alloc_pd (every ibv_pd we hand out is a Pd).
     unsafe {
-        destroy(pd as *mut Pd, live::PDS, |g, p| {
+        destroy(pd as *mut Pd, live::PDS, |n, p| {
+            let mut gs = n.lock_all();
             // As the kernel: EBUSY while an object of the PD lives (its MRs, QPs and SRQs the
-            // core knows; its AHs we count).
+            // core knows, in any shard; its AHs we count).
             if p.ahs.load(Ordering::Relaxed) > 0 {
                 return Err(libc::EBUSY);
             }
-            g.rnic.dealloc_pd(p.id).map_err(|e| errno_of(&e))
+            for (g, &id) in gs.iter().zip(&p.ids) {
+                g.rnic.pd_in_use(id).map_err(|e| errno_of(&e))?;
+            }
+            for (g, &id) in gs.iter_mut().zip(&p.ids) {
+                g.rnic.dealloc_pd(id).map_err(|e| errno_of(&e))?;
+            }
+            Ok(())
         })
     }
 }
@@ -633,14 +652,33 @@ fn reg_mr_common(
     // SAFETY: a PD of ours.
     let p = unsafe { &*(pd as *mut Pd) };
     let n = try_null!(the_nic());
-    let r = crate::mem::register(
-        &mut n.lock().rnic,
-        p.id,
-        addr.cast(),
-        len,
-        iova,
-        Access(access & 0xf),
-    );
+    let access = Access(access & 0xf);
+    // Shard 0 picks the keys; every other shard registers the same memory under them.
+    let mut gs = n.lock_all();
+    let (first, rest) = gs.split_first_mut().expect("shard 0");
+    let mut r = crate::mem::register(&mut first.rnic, p.ids[0], addr.cast(), len, iova, access);
+    if let Ok(info) = &r {
+        let keys = (info.lkey, info.rkey);
+        for k in 0..rest.len() {
+            let more = crate::mem::register_keyed(
+                &mut rest[k].rnic,
+                p.ids[k + 1],
+                addr.cast(),
+                len,
+                iova,
+                access,
+                keys,
+            );
+            if let Err(e) = more {
+                for g in std::iter::once(&mut *first).chain(rest[..k].iter_mut()) {
+                    let _ = g.rnic.dereg_mr(keys.0);
+                }
+                r = Err(e);
+                break;
+            }
+        }
+    }
+    drop(gs);
     match r {
         Ok(info) => {
             let mr = Box::new(Mr {
@@ -708,8 +746,12 @@ pub extern "C" fn ibv_reg_dmabuf_mr(
 pub extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
     // SAFETY: an MR from reg_mr (every ibv_mr we hand out is an Mr beginning with it).
     unsafe {
-        destroy(mr as *mut Mr, live::MRS, |g, m| {
-            g.rnic.dereg_mr(m.ibv.lkey).map_err(|e| errno_of(&e))
+        destroy(mr as *mut Mr, live::MRS, |n, m| {
+            let mut r = Ok(());
+            for g in n.lock_all().iter_mut() {
+                r = r.and(g.rnic.dereg_mr(m.ibv.lkey).map_err(|e| errno_of(&e)));
+            }
+            r
         })
     }
 }
@@ -790,20 +832,23 @@ pub extern "C" fn ibv_create_cq(
             return fail_ptr(EINVAL);
         }
         let n = try_null!(the_nic());
-        let mut g = n.lock();
-        if cqe as u32 > g.rnic.query_device().max_cqe {
+        let mut gs = n.lock_all();
+        if cqe as u32 > gs[0].rnic.query_device().max_cqe {
             return fail_ptr(EINVAL);
         }
-        let id = match g.rnic.create_cq(cqe as usize) {
-            Ok(id) => id,
-            Err(e) => return fail_ptr(errno_of(&e)),
-        };
+        let ids = try_null!(in_every_shard(
+            &mut gs,
+            |g| g.rnic.create_cq(cqe as usize).map_err(|e| errno_of(&e)),
+            |g, id| {
+                let _ = g.rnic.destroy_cq(id);
+            },
+        ));
         let cq = Box::new(Cq {
             ibv: ibv_cq {
                 context: ctx,
                 channel,
                 cq_context,
-                handle: id.0,
+                handle: ids[0].0,
                 cqe,
                 mutex: libc::PTHREAD_MUTEX_INITIALIZER,
                 cond: libc::PTHREAD_COND_INITIALIZER,
@@ -812,13 +857,17 @@ pub extern "C" fn ibv_create_cq(
             },
             // SAFETY: plain data (integers, optional function pointers): zeroes are valid.
             ex: unsafe { zeroed() },
-            id,
+            ids: ids.clone(),
             empty_at: AtomicU64::new(0),
+            armed: AtomicBool::new(false),
+            poll_next: AtomicUsize::new(0),
             poll: Default::default(),
         });
         live::add(live::CQS, 1);
         let p = Box::into_raw(cq);
-        g.cqs.insert(id.0, p as usize);
+        for (g, id) in gs.iter_mut().zip(ids) {
+            g.cqs.insert(id.0, p as usize);
+        }
         if !channel.is_null() {
             // SAFETY: the caller's channel of ours; refcnt changes under the NIC lock.
             unsafe { (*channel).refcnt += 1 };
@@ -830,15 +879,25 @@ pub extern "C" fn ibv_create_cq(
 pub extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
     // SAFETY: a CQ from create_cq or create_cq_ex (every ibv_cq we hand out is a Cq); the core's
     // CQ is gone once undone, and its handle reaches nothing, not the CQ that reuses its slot.
-    unsafe { destroy(cq as *mut Cq, live::CQS, |g, c| undo_cq(g, c, cq)) }
+    unsafe {
+        destroy(cq as *mut Cq, live::CQS, |n, c| {
+            undo_cq(&mut n.lock_all(), c, cq)
+        })
+    }
 }
 
-/// `ibv_destroy_cq`'s part under the lock: the core's CQ, our table's entry, and the CQ's place
-/// on its completion channel (its count of CQs, and events not yet read).
-fn undo_cq(g: &mut Inner, c: &Cq, cq: *mut ibv_cq) -> Result<(), c_int> {
-    // EBUSY while a QP uses it, as the kernel; then its completions and events are gone.
-    g.rnic.destroy_cq(c.id).map_err(|e| errno_of(&e))?;
-    g.cqs.remove(&c.id.0);
+/// `ibv_destroy_cq`'s part under every shard's lock: the core's CQ, our tables' entries, and
+/// the CQ's place on its completion channel (its count of CQs, and events not yet read).
+fn undo_cq(gs: &mut [Locked<'_>], c: &Cq, cq: *mut ibv_cq) -> Result<(), c_int> {
+    // EBUSY while a QP (of any shard) uses it, as the kernel; then its completions and events
+    // are gone.
+    for (g, &id) in gs.iter().zip(&c.ids) {
+        g.rnic.cq_in_use(id).map_err(|e| errno_of(&e))?;
+    }
+    for (g, &id) in gs.iter_mut().zip(&c.ids) {
+        g.rnic.destroy_cq(id).map_err(|e| errno_of(&e))?;
+        g.cqs.remove(&id.0);
+    }
     if !c.ibv.channel.is_null() {
         // SAFETY: its channel, alive while it has CQs (destroy_comp_channel says EBUSY).
         let ch = unsafe { &mut *(c.ibv.channel as *mut Channel) };
@@ -938,20 +997,37 @@ pub(crate) unsafe extern "C" fn poll_cq_op(cq: *mut ibv_cq, num: c_int, wc: *mut
             });
             return 0;
         }
-        let id = c.id;
-        let mut g = n.lock_to_poll();
-        let g = &mut *g;
-        g.wcs.clear();
-        let m = g.rnic.poll_cq_into(id, num as usize, &mut g.wcs);
+        // Every shard's copy of the CQ in turn (a QP's completions are all in its shard's, in
+        // order), starting after the shard that gave the last ones.
+        let shards = n.shard_count();
+        let first = c.poll_next.load(Ordering::Relaxed) % shards;
+        let mut m = 0;
+        let mut overflowed = false;
+        for i in 0..shards {
+            if m == num as usize {
+                break;
+            }
+            let k = (first + i) % shards;
+            let mut g = n.lock_to_poll(k);
+            let g = &mut *g;
+            g.wcs.clear();
+            let id = c.ids[k];
+            let got = g.rnic.poll_cq_into(id, num as usize - m, &mut g.wcs);
+            overflowed |= got == 0 && g.rnic.cq_overflowed(id);
+            for (j, w) in g.wcs[..got].iter().enumerate() {
+                // SAFETY: wc has room for `num` ≥ m + got entries (the caller's array).
+                unsafe { *wc.add(m + j) = to_ibv_wc(w) };
+            }
+            if got > 0 {
+                c.poll_next.store(k + 1, Ordering::Relaxed);
+            }
+            m += got;
+        }
         if m == 0 {
-            if g.rnic.cq_overflowed(id) {
+            if overflowed {
                 return -libc::EIO;
             }
             c.empty_at.store(gen, Ordering::Relaxed);
-        }
-        for (k, w) in g.wcs[..m].iter().enumerate() {
-            // SAFETY: wc has room for `num` ≥ m entries (the caller's array).
-            unsafe { *wc.add(k) = to_ibv_wc(w) };
         }
         m as c_int
     })
@@ -964,16 +1040,21 @@ unsafe extern "C" fn req_notify_cq_op(cq: *mut ibv_cq, solicited_only: c_int) ->
         }
         let n = try_errno!(the_nic());
         // SAFETY: a CQ of ours.
-        let id = unsafe { (*(cq as *mut Cq)).id };
-        match n.lock().rnic.req_notify_cq(id, solicited_only != 0) {
-            Ok(()) => 0,
-            Err(e) => errno_of(&e),
+        let c = unsafe { &*(cq as *mut Cq) };
+        let mut gs = n.lock_all();
+        c.armed.store(true, Ordering::Relaxed);
+        for (g, &id) in gs.iter_mut().zip(&c.ids) {
+            if let Err(e) = g.rnic.req_notify_cq(id, solicited_only != 0) {
+                return errno_of(&e);
+            }
         }
+        0
     })
 }
 
-/// The engine thread, after each turn: the CQs whose armed notification fired get their event
-/// on their completion channel (queue and eventfd).
+/// An engine thread, after each turn: the CQs whose armed notification fired get their event
+/// on their completion channel (queue and eventfd): one per `ibv_req_notify_cq`, from the
+/// first shard whose copy fired.
 pub fn deliver_cq_events(g: &mut Inner) {
     g.cq_events.clear();
     g.rnic.take_cq_events(&mut g.cq_events);
@@ -981,7 +1062,7 @@ pub fn deliver_cq_events(g: &mut Inner) {
         let Some(&p) = g.cqs.get(&id.0) else { continue };
         // SAFETY: a live CQ of ours (in the map, changed only under the lock we hold).
         let c = unsafe { &*(p as *const Cq) };
-        if c.ibv.channel.is_null() {
+        if c.ibv.channel.is_null() || !c.armed.swap(false, Ordering::Relaxed) {
             continue;
         }
         // SAFETY: the CQ's channel outlives it (destroy_comp_channel says EBUSY meanwhile).
@@ -1051,7 +1132,7 @@ pub extern "C" fn ibv_get_async_event(ctx: *mut ibv_context, event: *mut ibv_asy
         if r != 8 {
             return -1;
         }
-        let Some(e) = n.lock().events.pop_front() else {
+        let Some(e) = (0..n.shard_count()).find_map(|k| n.lock_shard(k).events.pop_front()) else {
             set_errno(libc::EAGAIN);
             return -1;
         };
@@ -1114,18 +1195,21 @@ fn create_qp_common(a: &CreateQp) -> Result<*mut Qp, c_int> {
         return Err(EINVAL);
     }
     let qp_type = qp_type_of(a.qp_type)?;
-    let srq = if a.srq.is_null() {
-        None
+    let n = the_nic()?;
+    // A QP with an SRQ goes to the SRQ's shard; the others are dealt out in turn.
+    let (srq, shard) = if a.srq.is_null() {
+        (None, n.pick_shard())
     } else {
         // SAFETY: an SRQ of ours.
-        Some(unsafe { (*(a.srq as *mut Srq)).id })
+        let q = unsafe { &*(a.srq as *mut Srq) };
+        (Some(q.id), q.shard)
     };
     // SAFETY: PD and CQs of ours.
     let (pd, scq, rcq) = unsafe {
         (
-            (*(a.pd as *mut Pd)).id,
-            (*(a.send_cq as *mut Cq)).id,
-            (*(a.recv_cq as *mut Cq)).id,
+            (&*(a.pd as *mut Pd)).ids[shard],
+            (&*(a.send_cq as *mut Cq)).ids[shard],
+            (&*(a.recv_cq as *mut Cq)).ids[shard],
         )
     };
     let init = QpInitAttr {
@@ -1142,8 +1226,7 @@ fn create_qp_common(a: &CreateQp) -> Result<*mut Qp, c_int> {
         },
         sq_sig_all: a.sq_sig_all != 0,
     };
-    let n = the_nic()?;
-    let mut g = n.lock();
+    let mut g = n.lock_shard(shard);
     let qpn = g.rnic.create_qp(pd, init).map_err(|e| errno_of(&e))?;
     // SAFETY: plain data (pointers, integers, optional function pointers, pthread objects
     // whose initializers are zeroes on glibc).
@@ -1257,7 +1340,8 @@ pub extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     }
     // SAFETY: a QP from create_qp (every ibv_qp we hand out is a Qp).
     unsafe {
-        destroy(qp as *mut Qp, live::QPS, |g, q| {
+        destroy(qp as *mut Qp, live::QPS, |n, q| {
+            let mut g = n.lock_qp(q.qpn);
             g.rnic.destroy_qp(q.qpn).map_err(|e| errno_of(&e))?;
             g.qps.remove(&q.qpn.value());
             Ok(())
@@ -1388,7 +1472,7 @@ pub extern "C" fn ibv_modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c
         if m.contains(QpAttrMask::PORT) && a.port_num != 1 {
             return EINVAL;
         }
-        let mut g = n.lock();
+        let mut g = n.lock_qp(q.qpn);
         let mismatches = g.rnic.counters().gid_type_mismatch;
         let r = g.rnic.modify_qp(q.qpn, &x, m);
         let mismatched = g.rnic.counters().gid_type_mismatch != mismatches;
@@ -1426,7 +1510,7 @@ pub extern "C" fn ibv_query_qp(
         let n = try_errno!(the_nic());
         // SAFETY: a QP of ours.
         let q = unsafe { &*(qp as *mut Qp) };
-        let x = match n.lock().rnic.query_qp(q.qpn) {
+        let x = match n.lock_qp(q.qpn).rnic.query_qp(q.qpn) {
             Ok(x) => x,
             Err(e) => return errno_of(&e),
         };
@@ -1627,7 +1711,7 @@ unsafe extern "C" fn post_send_op(
         let n = try_errno!(the_nic());
         // SAFETY: a QP of ours.
         let q = unsafe { &*(qp as *mut Qp) };
-        let mut g = n.lock();
+        let mut g = n.lock_qp(q.qpn);
         let mut w = wr;
         while !w.is_null() {
             // SAFETY: the caller's work request chain.
@@ -1668,7 +1752,7 @@ unsafe extern "C" fn post_recv_op(
         let n = try_errno!(the_nic());
         // SAFETY: a QP of ours.
         let q = unsafe { &*(qp as *mut Qp) };
-        let mut g = n.lock();
+        let mut g = n.lock_qp(q.qpn);
         let mut w = wr;
         while !w.is_null() {
             // SAFETY: the caller's work request chain.
@@ -1694,6 +1778,8 @@ unsafe extern "C" fn post_recv_op(
 pub struct Srq {
     pub ibv: ibv_srq,
     pub id: SrqId,
+    /// The shard that has it (and every QP that uses it).
+    pub shard: usize,
 }
 
 unsafe extern "C" fn post_srq_recv_op(
@@ -1707,8 +1793,8 @@ unsafe extern "C" fn post_srq_recv_op(
         }
         let n = try_errno!(the_nic());
         // SAFETY: an SRQ of ours.
-        let id = unsafe { (*(srq as *mut Srq)).id };
-        let mut g = n.lock();
+        let (id, shard) = unsafe { ((*(srq as *mut Srq)).id, (*(srq as *mut Srq)).shard) };
+        let mut g = n.lock_shard(shard);
         let mut w = wr;
         while !w.is_null() {
             // SAFETY: the caller's work request chain.
@@ -1736,9 +1822,10 @@ pub extern "C" fn ibv_create_srq(pd: *mut ibv_pd, init: *mut ibv_srq_init_attr) 
         let n = try_null!(the_nic());
         // SAFETY: a PD of ours and the caller's attributes.
         let (p, i) = unsafe { (&*(pd as *mut Pd), &*init) };
-        let mut g = n.lock();
+        let shard = n.pick_shard();
+        let mut g = n.lock_shard(shard);
         let id = match g.rnic.create_srq(
-            p.id,
+            p.ids[shard],
             SrqInitAttr {
                 max_wr: i.attr.max_wr,
                 max_sge: i.attr.max_sge,
@@ -1760,6 +1847,7 @@ pub extern "C" fn ibv_create_srq(pd: *mut ibv_pd, init: *mut ibv_srq_init_attr) 
                 events_completed: 0,
             },
             id,
+            shard,
         }));
         g.srqs.insert(id.handle(), srq as usize);
         srq.cast()
@@ -1776,10 +1864,10 @@ pub extern "C" fn ibv_modify_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr, mas
         }
         let n = try_errno!(the_nic());
         // SAFETY: an SRQ of ours and the caller's attributes.
-        let (id, a) = unsafe { ((*(srq as *mut Srq)).id, &*attr) };
+        let (q, a) = unsafe { (&*(srq as *mut Srq), &*attr) };
         let max_wr = (mask & IBV_SRQ_MAX_WR != 0).then_some(a.max_wr);
         let limit = (mask & IBV_SRQ_LIMIT != 0).then_some(a.srq_limit);
-        match n.lock().rnic.modify_srq(id, max_wr, limit) {
+        match n.lock_shard(q.shard).rnic.modify_srq(q.id, max_wr, limit) {
             Ok(()) => 0,
             Err(e) => errno_of(&e),
         }
@@ -1793,8 +1881,8 @@ pub extern "C" fn ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr) -> c
         }
         let n = try_errno!(the_nic());
         // SAFETY: an SRQ of ours.
-        let id = unsafe { (*(srq as *mut Srq)).id };
-        match n.lock().rnic.query_srq(id) {
+        let q = unsafe { &*(srq as *mut Srq) };
+        match n.lock_shard(q.shard).rnic.query_srq(q.id) {
             Ok(a) => {
                 // SAFETY: the caller's attributes, non-NULL.
                 unsafe {
@@ -1814,7 +1902,8 @@ pub extern "C" fn ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr) -> c
 pub extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
     // SAFETY: an SRQ from create_srq (every ibv_srq we hand out is an Srq).
     unsafe {
-        destroy(srq as *mut Srq, live::SRQS, |g, q| {
+        destroy(srq as *mut Srq, live::SRQS, |n, q| {
+            let mut g = n.lock_shard(q.shard);
             g.rnic.destroy_srq(q.id).map_err(|e| errno_of(&e))?;
             g.srqs.remove(&q.id.handle());
             Ok(())
@@ -1852,7 +1941,7 @@ pub extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut
 }
 
 pub extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
-    let undo = |_: &mut Inner, a: &Ah| {
+    let undo = |_: &Nic, a: &Ah| {
         // SAFETY: its PD outlives it (dealloc_pd is EBUSY while the PD has AHs).
         unsafe { &*(a.ibv.pd as *mut Pd) }
             .ahs
@@ -2164,4 +2253,26 @@ pub extern "C" fn ibv_rate_to_mbps(rate: c_int) -> c_int {
 
 pub extern "C" fn mbps_to_ibv_rate(mbps: c_int) -> c_int {
     RATES.iter().find(|r| r.2 == mbps).map_or(0, |r| r.0)
+}
+
+/// Makes an object in every shard (`make`): its id in each, shard 0's first. Should one shard
+/// fail, the copies made are undone (`undo`) and the verb fails with its errno.
+fn in_every_shard<T: Copy>(
+    gs: &mut [Locked<'_>],
+    make: impl Fn(&mut Inner) -> Result<T, c_int>,
+    undo: impl Fn(&mut Inner, T),
+) -> Result<Vec<T>, c_int> {
+    let mut ids = Vec::with_capacity(gs.len());
+    for k in 0..gs.len() {
+        match make(&mut gs[k]) {
+            Ok(id) => ids.push(id),
+            Err(e) => {
+                for (g, &id) in gs.iter_mut().zip(&ids) {
+                    undo(g, id);
+                }
+                return Err(e);
+            }
+        }
+    }
+    Ok(ids)
 }

@@ -113,7 +113,7 @@ unsafe extern "C" fn wr_complete(qx: Qx) -> c_int {
         let Ok(n) = crate::nic::nic() else {
             return libc::ENODEV;
         };
-        let mut g = n.lock();
+        let mut g = n.lock_qp(q.qpn);
         let mut r = 0;
         for w in b.wrs.drain(..) {
             if r == 0 {

@@ -28,8 +28,9 @@ fn libdir() -> PathBuf {
     .clone()
 }
 
-/// One end; `pin`: on CPU 0 only (`taskset`), where its program and engine threads take turns.
-fn end(prog: &str, args: &[&str], net: u8, n: u8, pin: bool) -> Command {
+/// One end; `pin`: on CPU 0 only (`taskset`), where its program and engine threads take turns;
+/// its device on `threads` engine threads (`ROCEMU_THREADS`).
+fn end(prog: &str, args: &[&str], net: u8, n: u8, pin: bool, threads: u8) -> Command {
     let mut c = Command::new("timeout");
     c.arg("60");
     if pin {
@@ -42,6 +43,7 @@ fn end(prog: &str, args: &[&str], net: u8, n: u8, pin: bool) -> Command {
         .env("ROCEMU_DEV", "af_packet:lo")
         .env("ROCEMU_IP", format!("127.77.{net}.{n}"))
         .env("ROCEMU_MAC", format!("02:52:4f:00:{net:02x}:{n:02x}"))
+        .env("ROCEMU_THREADS", threads.to_string())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     c
@@ -49,11 +51,11 @@ fn end(prog: &str, args: &[&str], net: u8, n: u8, pin: bool) -> Command {
 
 /// Runs `prog args` as server (RNIC .1) and as client of it (RNIC .2); returns both outputs.
 fn pair(prog: &str, args: &[&str], port: u16) -> (String, String) {
-    pair_on(prog, args, port, false)
+    pair_on(prog, args, port, false, 1)
 }
 
-/// [`pair`], both ends on one CPU if `pin`.
-fn pair_on(prog: &str, args: &[&str], port: u16, pin: bool) -> (String, String) {
+/// [`pair`], both ends on one CPU if `pin`, each end's device on `threads` engine threads.
+fn pair_on(prog: &str, args: &[&str], port: u16, pin: bool, threads: u8) -> (String, String) {
     assert!(
         // SAFETY: geteuid has no preconditions.
         unsafe { libc::geteuid() } == 0,
@@ -63,11 +65,11 @@ fn pair_on(prog: &str, args: &[&str], port: u16, pin: bool) -> (String, String) 
     let port = port.to_string();
     let mut a: Vec<&str> = args.to_vec();
     a.extend(["-p", &port]);
-    let server = end(prog, &a, net, 1, pin).spawn().unwrap();
+    let server = end(prog, &a, net, 1, pin, threads).spawn().unwrap();
     std::thread::sleep(Duration::from_millis(700));
     let mut c = a.clone();
     c.push("127.0.0.1");
-    let client = end(prog, &c, net, 2, pin).output().unwrap();
+    let client = end(prog, &c, net, 2, pin, threads).output().unwrap();
     let server = server.wait_with_output().unwrap();
     let s = format!(
         "{}{}",
@@ -89,13 +91,13 @@ fn pair_on(prog: &str, args: &[&str], port: u16, pin: bool) -> (String, String) 
 }
 
 fn pingpong(prog: &str, extra: &[&str], port: u16) {
-    pingpong_on(prog, extra, port, false)
+    pingpong_on(prog, extra, port, false, 1)
 }
 
-fn pingpong_on(prog: &str, extra: &[&str], port: u16, pin: bool) {
+fn pingpong_on(prog: &str, extra: &[&str], port: u16, pin: bool, threads: u8) {
     let mut a = vec!["-g", "1", "-n", "200"];
     a.extend(extra);
-    let (s, k) = pair_on(prog, &a, port, pin);
+    let (s, k) = pair_on(prog, &a, port, pin, threads);
     for o in [&s, &k] {
         assert!(o.contains("200 iters in"), "{prog} {extra:?}: {o}");
         assert!(o.contains("GID ::ffff:127.77."), "{o}");
@@ -159,7 +161,7 @@ fn uc_and_ud_pingpong() {
 fn srq_pingpong() {
     pingpong("ibv_srq_pingpong", &["-e"], 18605);
     for port in [18607, 18608, 18609] {
-        pingpong_on("ibv_srq_pingpong", &["-e"], port, true);
+        pingpong_on("ibv_srq_pingpong", &["-e"], port, true, 1);
     }
 }
 
@@ -266,5 +268,32 @@ fn extended_cq_poll_api_matches_poll_cq() {
         "{}{}",
         out,
         String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// Each end's device on two engine threads (`ROCEMU_THREADS=2`: two AF_PACKET sockets in a
+/// fanout group on lo), the programs unchanged: QPs dealt out between the shards, a CQ polled
+/// and armed across them, an SRQ's QPs on its shard; `-c` checks every byte.
+#[test]
+fn two_engine_threads_under_unmodified_programs() {
+    pingpong_on("ibv_rc_pingpong", &["-e", "-c"], 18631, false, 2);
+    pingpong_on(
+        "ibv_srq_pingpong",
+        &["-e", "-c", "-q", "4"],
+        18632,
+        false,
+        2,
+    );
+    let (_s, k) = pair_on(
+        "ib_write_bw",
+        &["-x", "1", "-n", "500", "-q", "4"],
+        18633,
+        false,
+        2,
+    );
+    assert!(
+        k.lines()
+            .any(|l| l.split_whitespace().next() == Some("65536")),
+        "no result line:\n{k}"
     );
 }
