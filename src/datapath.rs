@@ -1,4 +1,6 @@
 //! `--dev`, `--ip`, `--mac`: where an end of `rocemu pingpong` / `rocemu perf` meets the wire.
+#[cfg(feature = "dpdk")]
+use rocemu_dpdk::{open_boxed as open_dpdk, open_queues_boxed as open_dpdk_queues};
 use rocemu_emulator::engine::{Engine, IdleStrategy};
 use rocemu_emulator::inproc::Impairments;
 use rocemu_emulator::port::af_packet::KernelGuard;
@@ -337,24 +339,6 @@ pub fn parse_ips(arg: &str) -> Result<Vec<IpAddr>, String> {
         }
     }
     Ok(ips)
-}
-
-#[cfg(feature = "dpdk")]
-fn open_dpdk(args: &str) -> Result<Box<dyn Port + Send>, String> {
-    let p = rocemu_dpdk::DpdkPort::open(args).map_err(|e| e.to_string())?;
-    Ok(Box::new(p))
-}
-
-/// The first port of the EAL `args` makes, with `n` queues: a port per queue.
-#[cfg(feature = "dpdk")]
-fn open_dpdk_queues(args: &str, n: usize) -> Result<Vec<Box<dyn Port + Send>>, String> {
-    let n = u16::try_from(n).map_err(|_| format!("--threads {n}: too many queues"))?;
-    let config = rocemu_dpdk::DpdkConfig::default();
-    let ps = rocemu_dpdk::DpdkPort::open_queues(args, &config, n).map_err(|e| e.to_string())?;
-    Ok(ps
-        .into_iter()
-        .map(|p| Box::new(p) as Box<dyn Port + Send>)
-        .collect())
 }
 
 #[cfg(not(feature = "dpdk"))]

@@ -39,7 +39,7 @@ pub use eal::Eal;
 pub use error::{Error, Result};
 pub use ethdev::{EthConfig, EthPort, FRAME_OVERHEAD};
 pub use mempool::{Mbuf, Mempool, DEFAULT_DATA_ROOM, HEADROOM};
-pub use port::{DpdkConfig, DpdkPort};
+pub use port::{open_boxed, open_queues_boxed, DpdkConfig, DpdkPort};
 
 /// The DPDK version this crate was built against.
 pub const DPDK_VERSION: &str = rocemu_dpdk_sys::DPDK_VERSION;

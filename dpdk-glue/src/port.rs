@@ -151,6 +151,29 @@ impl fmt::Debug for DpdkPort {
     }
 }
 
+/// [`DpdkPort::open`] as the emulator's `port::open` takes a DPDK opener (`OpenDpdk`): the port
+/// boxed, the error as text. For `--dev dpdk:…` and `ROCEMU_DEV=dpdk:…`.
+pub fn open_boxed(eal_args: &str) -> std::result::Result<Box<dyn Port + Send>, String> {
+    let p = DpdkPort::open(eal_args).map_err(|e| e.to_string())?;
+    Ok(Box::new(p))
+}
+
+/// [`DpdkPort::open_queues`] with the default configuration and `queues` queues, as the
+/// emulator's `port::open::open_datapath_shards` takes it (`OpenDpdkQueues`): a boxed port per
+/// queue, the error as text. For `--threads N` and `ROCEMU_THREADS=N`.
+pub fn open_queues_boxed(
+    eal_args: &str,
+    queues: usize,
+) -> std::result::Result<Vec<Box<dyn Port + Send>>, String> {
+    let n = u16::try_from(queues).map_err(|_| format!("{queues} queues: too many"))?;
+    let ps =
+        DpdkPort::open_queues(eal_args, &DpdkConfig::default(), n).map_err(|e| e.to_string())?;
+    Ok(ps
+        .into_iter()
+        .map(|p| Box::new(p) as Box<dyn Port + Send>)
+        .collect())
+}
+
 impl DpdkPort {
     /// Initialises the EAL with `eal_args` (see [`Eal::init`]) and opens its first port with
     /// the default configuration.

@@ -47,6 +47,8 @@
 //! both under the lock); more than one shard's lock is taken only in shard order.
 use crate::abi::*;
 use crate::ffi::copy_cstr;
+#[cfg(feature = "dpdk")]
+use rocemu_dpdk::{open_boxed as open_dpdk, open_queues_boxed as open_dpdk_queues};
 use rocemu_emulator::engine::{Doorbell, Engine, IdleStrategy};
 use rocemu_emulator::port::impair::ImpairedPort;
 use rocemu_emulator::port::open::{open_datapath, open_datapath_shards, OpenedPort, ShardPorts};
@@ -594,37 +596,16 @@ pub fn started() -> Option<&'static Nic> {
 
 static STARTED: OnceLock<&'static Nic> = OnceLock::new();
 
+#[cfg(not(feature = "dpdk"))]
 fn open_dpdk(args: &str) -> Result<Box<dyn Port + Send>, String> {
-    #[cfg(feature = "dpdk")]
-    {
-        let p = rocemu_dpdk::DpdkPort::open(args).map_err(|e| e.to_string())?;
-        Ok(Box::new(p))
-    }
-    #[cfg(not(feature = "dpdk"))]
-    {
-        Err(format!(
-            "ROCEMU_DEV=dpdk:{args}: this libibverbs was built without DPDK"
-        ))
-    }
+    Err(format!(
+        "ROCEMU_DEV=dpdk:{args}: this libibverbs was built without DPDK"
+    ))
 }
 
-/// The first port of the EAL `args` makes, with `n` rx and tx queues: a port per queue.
-fn open_dpdk_queues(args: &str, n: usize) -> Result<Vec<Box<dyn Port + Send>>, String> {
-    #[cfg(feature = "dpdk")]
-    {
-        let n = u16::try_from(n).map_err(|_| format!("ROCEMU_THREADS={n}: too many queues"))?;
-        let config = rocemu_dpdk::DpdkConfig::default();
-        let ps = rocemu_dpdk::DpdkPort::open_queues(args, &config, n).map_err(|e| e.to_string())?;
-        Ok(ps
-            .into_iter()
-            .map(|p| Box::new(p) as Box<dyn Port + Send>)
-            .collect())
-    }
-    #[cfg(not(feature = "dpdk"))]
-    {
-        let _ = n;
-        open_dpdk(args).map(|_| Vec::new())
-    }
+#[cfg(not(feature = "dpdk"))]
+fn open_dpdk_queues(args: &str, _n: usize) -> Result<Vec<Box<dyn Port + Send>>, String> {
+    open_dpdk(args).map(|_| Vec::new())
 }
 
 /// Starts the engine thread, which opens the datapath and makes the RNIC; returns once the
