@@ -5,7 +5,9 @@ use rocemu_emulator::dma::ForeignMem;
 use rocemu_emulator::rnic::mr::MrInfo;
 use rocemu_emulator::rnic::{Access, PdId, Rnic, VerbsError};
 
-/// Registers `len` bytes at `addr` of the program's, addressed by the core as `iova…`.
+/// Registers `len` bytes at `addr` of the program's, addressed by the core as `iova…`: under
+/// keys the RNIC picks (`keys` None: shard 0, or a device of one shard), or under the keys
+/// (L_Key, R_Key) shard 0 gave the same memory (another shard of the device).
 ///
 /// The caller checked that `[addr, addr + len)` does not wrap; that the range is mapped is the
 /// program's promise to `ibv_reg_mr` (as to any NIC: a region over memory it does not have is
@@ -17,27 +19,14 @@ pub fn register(
     len: usize,
     iova: u64,
     access: Access,
+    keys: Option<(u32, u32)>,
 ) -> Result<MrInfo, VerbsError> {
     // SAFETY: ibv_reg_mr's contract (verbs: the memory stays allocated and mapped until
-    // ibv_dereg_mr, which takes the RNIC's lock and drops the ForeignMem before returning), as
-    // ForeignMem::new asks.
+    // ibv_dereg_mr, which deregisters the region in every shard, each under its lock, dropping
+    // the ForeignMem before it returns), as ForeignMem::new asks.
     let mem = unsafe { ForeignMem::new(addr, len) };
-    rnic.reg_mr_foreign(pd, mem, iova, access)
-}
-
-/// [`register`] in another shard of the device, under the keys `keys` (L_Key, R_Key) shard 0
-/// gave the same memory.
-pub fn register_keyed(
-    rnic: &mut Rnic,
-    pd: PdId,
-    addr: *mut u8,
-    len: usize,
-    iova: u64,
-    access: Access,
-    keys: (u32, u32),
-) -> Result<MrInfo, VerbsError> {
-    // SAFETY: as in `register`: ibv_reg_mr's contract, and ibv_dereg_mr deregisters the
-    // region in every shard, each under its lock, before it returns.
-    let mem = unsafe { ForeignMem::new(addr, len) };
-    rnic.reg_mr_foreign_keyed(pd, mem, iova, access, keys)
+    match keys {
+        None => rnic.reg_mr_foreign(pd, mem, iova, access),
+        Some(keys) => rnic.reg_mr_foreign_keyed(pd, mem, iova, access, keys),
+    }
 }

@@ -656,18 +656,26 @@ fn reg_mr_common(
     // Shard 0 picks the keys; every other shard registers the same memory under them.
     let mut gs = n.lock_all();
     let (first, rest) = gs.split_first_mut().expect("shard 0");
-    let mut r = crate::mem::register(&mut first.rnic, p.ids[0], addr.cast(), len, iova, access);
+    let mut r = crate::mem::register(
+        &mut first.rnic,
+        p.ids[0],
+        addr.cast(),
+        len,
+        iova,
+        access,
+        None,
+    );
     if let Ok(info) = &r {
         let keys = (info.lkey, info.rkey);
         for k in 0..rest.len() {
-            let more = crate::mem::register_keyed(
+            let more = crate::mem::register(
                 &mut rest[k].rnic,
                 p.ids[k + 1],
                 addr.cast(),
                 len,
                 iova,
                 access,
-                keys,
+                Some(keys),
             );
             if let Err(e) = more {
                 for g in std::iter::once(&mut *first).chain(rest[..k].iter_mut()) {
