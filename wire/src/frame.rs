@@ -200,31 +200,62 @@ pub fn with_frame_in_place<'f, R>(
     frame: &'f mut [u8],
     f: impl FnOnce(Result<(&ParsedFrame<'f>, bool), Error>) -> R,
 ) -> R {
-    // The parse borrows the frame; its values are copied out (offsets instead of slices) so that
-    // the CRC may write the masked head in place, then the view is put back together.
-    let p = match parse_frame(frame) {
-        Ok(p) => p,
+    // The CRC needs only where the IP datagram starts and ends: found first, the frame hashed
+    // in place, then parsed once, immutably, and the parsed frame handed over where it was
+    // built (a parse before the CRC would have to copy its values out of the borrow).
+    let Some((l3, ihl, v6, end)) = locate(frame) else {
+        // Not a frame the parse accepts (`locate` accepts every frame it does).
+        let frame: &'f [u8] = frame;
+        return match parse_frame(frame) {
+            Ok(p) => f(Ok((&p, p.icrc_ok()))),
+            Err(e) => f(Err(e)),
+        };
+    };
+    let c = icrc::compute_in_place(frame, l3, ihl, v6, end);
+    let frame: &'f [u8] = frame;
+    let eth = match EthernetRepr::parse(frame) {
+        Ok((eth, _)) => eth,
         Err(e) => return f(Err(e)),
     };
-    let l3 = p.eth.header_len();
-    let (dg_len, payload_len) = (p.datagram.len(), p.payload.len());
-    let mut head = ParsedFrame {
-        payload: &[],
-        datagram: &[],
-        ..p
+    parse_l3_with(eth, frame, l3, |r| match r {
+        Ok(p) => {
+            debug_assert_eq!(p.eth.header_len() + p.datagram.len(), end);
+            f(Ok((p, icrc::to_wire(c) == p.icrc)))
+        }
+        Err(e) => f(Err(e)),
+    })
+}
+
+/// Where the IP datagram of a RoCEv2 frame lies: the IP header's offset and length, IPv6 or
+/// not, and the end of the datagram (just past the ICRC), when the frame holds an Ethernet
+/// header, an IP header whose length fields fit the frame, and room for the UDP header, a BTH
+/// and an ICRC. Every frame [`parse_frame`] accepts passes, with the same values.
+#[inline(always)]
+fn locate(frame: &[u8]) -> Option<(usize, usize, bool, usize)> {
+    let et = u16::from_be_bytes([*frame.get(12)?, *frame.get(13)?]);
+    let (l3, et) = if et == crate::eth::ETHERTYPE_VLAN {
+        (18, u16::from_be_bytes([*frame.get(16)?, *frame.get(17)?]))
+    } else {
+        (14, et)
     };
-    let c = icrc::compute_in_place(
-        frame,
-        l3,
-        head.ip.header_len(),
-        head.ip.is_v6(),
-        l3 + dg_len,
-    );
-    let ok = icrc::to_wire(c) == head.icrc;
-    let frame: &'f [u8] = frame;
-    head.datagram = &frame[l3..l3 + dg_len];
-    head.payload = &frame[head.payload_offset..head.payload_offset + payload_len];
-    f(Ok((&head, ok)))
+    let ip = frame.get(l3..)?;
+    let (ihl, v6, dg_len) = match et {
+        ETHERTYPE_IPV4 => {
+            let b0 = *ip.first()?;
+            let hl = (b0 & 0x0f) as usize * 4;
+            let total = u16::from_be_bytes([*ip.get(2)?, *ip.get(3)?]) as usize;
+            (b0 >> 4 == 4 && hl >= 20 && total >= hl && total <= ip.len()).then_some(())?;
+            (hl, false, total)
+        }
+        ETHERTYPE_IPV6 => {
+            (ip.len() >= IPV6_HEADER_LEN && ip[0] >> 4 == 6).then_some(())?;
+            let total = IPV6_HEADER_LEN + u16::from_be_bytes([ip[4], ip[5]]) as usize;
+            (total <= ip.len()).then_some(())?;
+            (IPV6_HEADER_LEN, true, total)
+        }
+        _ => return None,
+    };
+    (dg_len >= ihl + UDP_HEADER_LEN + len::BTH + len::ICRC).then_some((l3, ihl, v6, l3 + dg_len))
 }
 
 /// Parses a bare IP datagram (a capture with a raw-IP link type). `eth` in the result is all
@@ -246,29 +277,48 @@ pub fn parse_ip_packet(packet: &[u8]) -> Result<ParsedFrame<'_>, Error> {
 
 #[inline(always)]
 fn parse_l3(eth: EthernetRepr, frame: &[u8], l3: usize) -> Result<ParsedFrame<'_>, Error> {
+    parse_l3_with(eth, frame, l3, |r| r.map(|p| *p))
+}
+
+#[inline(always)]
+/// The parse of everything after the Ethernet header, the result handed to `k`: a parsed frame
+/// by reference from where it was built (a `Result` of one, moved out, is a copy of some 300
+/// bytes).
+fn parse_l3_with<'a, R>(
+    eth: EthernetRepr,
+    frame: &'a [u8],
+    l3: usize,
+    k: impl FnOnce(Result<&ParsedFrame<'a>, Error>) -> R,
+) -> R {
     let rest = &frame[l3..];
     let (ip, datagram, protocol) = match eth.ethertype {
         ETHERTYPE_IPV4 => {
-            let (r, d) = Ipv4Repr::parse(rest)?;
+            let (r, d) = match Ipv4Repr::parse(rest) {
+                Ok(x) => x,
+                Err(e) => return k(Err(e)),
+            };
             (IpRepr::V4(r), d, r.protocol)
         }
         ETHERTYPE_IPV6 => {
-            let (r, d) = Ipv6Repr::parse(rest)?;
+            let (r, d) = match Ipv6Repr::parse(rest) {
+                Ok(x) => x,
+                Err(e) => return k(Err(e)),
+            };
             (IpRepr::V6(r), d, r.next_header)
         }
-        other => return Err(Error::NotIp { ethertype: other }),
+        other => return k(Err(Error::NotIp { ethertype: other })),
     };
     if protocol != PROTO_UDP {
-        return Err(Error::NotUdp { protocol });
+        return k(Err(Error::NotUdp { protocol }));
     }
     let l4 = ip.header_len();
     let ip_payload = datagram.len() - l4;
     if ip_payload < UDP_HEADER_LEN {
-        return Err(Error::Truncated {
+        return k(Err(Error::Truncated {
             layer: Layer::Udp,
             need: UDP_HEADER_LEN,
             have: ip_payload,
-        });
+        }));
     }
     let u = &datagram[l4..];
     let udp = UdpRepr {
@@ -278,56 +328,57 @@ fn parse_l3(eth: EthernetRepr, frame: &[u8], l3: usize) -> Result<ParsedFrame<'_
         checksum: u16::from_be_bytes([u[6], u[7]]),
     };
     if udp.dport != ROCEV2_UDP_PORT {
-        return Err(Error::NotRocePort { dport: udp.dport });
+        return k(Err(Error::NotRocePort { dport: udp.dport }));
     }
     if udp.len as usize != ip_payload {
-        return Err(Error::UdpLength {
+        return k(Err(Error::UdpLength {
             udp_len: udp.len,
             ip_payload,
-        });
+        }));
     }
     let t = &u[UDP_HEADER_LEN..];
     let Ok((bth_hdr, _)) = BthHeader::ref_from_prefix(t) else {
-        return Err(Error::Truncated {
+        return k(Err(Error::Truncated {
             layer: Layer::Bth,
             need: len::BTH,
             have: t.len(),
-        });
+        }));
     };
-    let opcode = Opcode::new(bth_hdr.opcode_byte())?;
-    let bth = BthRepr::from_header(bth_hdr, opcode);
+    let opcode = match Opcode::new(bth_hdr.opcode_byte()) {
+        Ok(o) => o,
+        Err(e) => return k(Err(e)),
+    };
     let info = opcode.info();
     let need = len::BTH + info.ext_len + len::ICRC;
     if t.len() < need {
-        return Err(Error::Truncated {
+        return k(Err(Error::Truncated {
             layer: Layer::Transport,
             need,
             have: t.len(),
-        });
+        }));
     }
-    let ext = ExtHeaders::parse(info, &t[len::BTH..]);
     let body = t.len() - need; // payload + pad
-    if bth.pad as usize > body {
-        return Err(Error::PadExceedsPayload {
-            pad: bth.pad,
-            payload: body,
-        });
+    let pad = bth_hdr.pad();
+    if pad as usize > body {
+        return k(Err(Error::PadExceedsPayload { pad, payload: body }));
     }
     let p0 = len::BTH + info.ext_len;
-    let payload = &t[p0..p0 + body - bth.pad as usize];
+    let payload = &t[p0..p0 + body - pad as usize];
     let n = t.len();
     let icrc = [t[n - 4], t[n - 3], t[n - 2], t[n - 1]];
-    Ok(ParsedFrame {
+    // The BTH and extension headers are read straight into the parsed frame: built apart and
+    // moved in, they were copied.
+    k(Ok(&ParsedFrame {
         eth,
         ip,
         udp,
-        bth,
-        ext,
+        bth: BthRepr::from_header(bth_hdr, opcode),
+        ext: ExtHeaders::parse(info, &t[len::BTH..]),
         payload,
         icrc,
         datagram,
         payload_offset: l3 + l4 + UDP_HEADER_LEN + p0,
-    })
+    }))
 }
 
 /// The destination QP of a RoCEv2 frame, read at fixed offsets as a NIC's flow steering reads

@@ -11,6 +11,15 @@ use crate::parse_frame;
 /// values, and into the same bytes when nothing the builder normalises was set.
 pub fn parse_frame_target(data: &[u8]) {
     let _ = parse_ip_packet(data).map(|p| p.icrc_ok());
+    // The receive path's parse (the ICRC checked in place, before the parse): the same
+    // verdict as the plain parse and check, and the frame left as it was.
+    let mut copy = data.to_vec();
+    let in_place = crate::frame::with_frame_in_place(&mut copy, |r| {
+        r.map(|(p, ok)| (p.bth, p.ext, p.payload.to_vec(), ok))
+    });
+    assert_eq!(copy, data, "the in-place check left the frame changed");
+    let plain = parse_frame(data).map(|p| (p.bth, p.ext, p.payload.to_vec(), p.icrc_ok()));
+    assert_eq!(in_place, plain, "the in-place parse differs");
     let Ok(p) = parse_frame(data) else { return };
     let ok = p.icrc_ok();
     let _ = p.ip_checksum_ok();
