@@ -294,6 +294,48 @@ impl ExtHeaders {
     /// bytes (the caller checked).
     #[inline]
     pub(crate) fn parse(info: &OpcodeInfo, b: &[u8]) -> ExtHeaders {
+        // The layouts of nearly every packet a connected QP moves, read without the walk.
+        const EXT: u16 = hdr::FETH
+            | hdr::RETH
+            | hdr::ATOMIC_ETH
+            | hdr::DETH
+            | hdr::AETH
+            | hdr::ATOMIC_ACK_ETH
+            | hdr::IMM
+            | hdr::IETH;
+        match info.headers & EXT {
+            0 => return ExtHeaders::default(),
+            hdr::RETH => {
+                if let Ok((r, _)) = RethHdr::ref_from_prefix(b) {
+                    return ExtHeaders {
+                        reth: Some(RethRepr {
+                            va: r.va.get(),
+                            rkey: RKey(r.rkey.get()),
+                            dma_len: r.dma_len.get(),
+                        }),
+                        ..ExtHeaders::default()
+                    };
+                }
+            }
+            hdr::AETH => {
+                if let Ok((a, _)) = AethHdr::ref_from_prefix(b) {
+                    let w = a.word.get();
+                    return ExtHeaders {
+                        aeth: Some(AethRepr {
+                            syndrome: Syndrome((w >> 24) as u8),
+                            msn: Msn::new(w),
+                        }),
+                        ..ExtHeaders::default()
+                    };
+                }
+            }
+            _ => {}
+        }
+        Self::parse_walk(info, b)
+    }
+
+    /// Every header `info` lists, in the order of IBTA 9.2's packet layouts.
+    fn parse_walk(info: &OpcodeInfo, b: &[u8]) -> ExtHeaders {
         let mut e = ExtHeaders::default();
         let mut off = 0;
         let h = info.headers;

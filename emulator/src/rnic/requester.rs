@@ -134,32 +134,41 @@ fn fail(dev: &mut Dev, qp: &mut Qp, i: usize, status: WcStatus, earlier_done: bo
     }
 }
 
+/// The opcode of packet `k` of an `n`-packet message (IBTA 9.2.1, Table 35's numbering): one
+/// table row per work request opcode, RC's codes; UC's SEND and WRITE codes are 0x20 more.
+#[inline]
 fn packet_opcode(op: &WrOpcode, uc: bool, k: u32, n: u32) -> Opcode {
-    let base: u8 = if uc { 0x20 } else { 0x00 };
-    let only = n == 1;
-    let last = k + 1 == n;
-    let first = k == 0;
-    let pos = |f: u8, m: u8, l: u8, o: u8| {
-        if only {
-            o
-        } else if first {
-            f
-        } else if last {
-            l
-        } else {
-            m
-        }
+    // [first, middle, last, only]
+    const RC: [[u8; 4]; 8] = [
+        [0x00, 0x01, 0x02, 0x04], // SEND
+        [0x00, 0x01, 0x03, 0x05], // SEND with immediate
+        [0x00, 0x01, 0x16, 0x17], // SEND with invalidate (RC only)
+        [0x06, 0x07, 0x08, 0x0a], // RDMA WRITE
+        [0x06, 0x07, 0x09, 0x0b], // RDMA WRITE with immediate
+        [0x0c; 4],                // RDMA READ request
+        [0x13; 4],                // CmpSwap
+        [0x14; 4],                // FetchAdd
+    ];
+    let (row, uc_too) = match op {
+        WrOpcode::Send => (0, true),
+        WrOpcode::SendWithImm { .. } => (1, true),
+        WrOpcode::SendWithInv { .. } => (2, false),
+        WrOpcode::RdmaWrite { .. } => (3, true),
+        WrOpcode::RdmaWriteWithImm { .. } => (4, true),
+        WrOpcode::RdmaRead { .. } => (5, false),
+        WrOpcode::AtomicCmpSwap { .. } => (6, false),
+        WrOpcode::AtomicFetchAdd { .. } => (7, false),
     };
-    let code = match op {
-        WrOpcode::Send => base + pos(0, 1, 2, 4),
-        WrOpcode::SendWithImm { .. } => base + pos(0, 1, 3, 5),
-        WrOpcode::SendWithInv { .. } => pos(0, 1, 0x16, 0x17),
-        WrOpcode::RdmaWrite { .. } => base + pos(6, 7, 8, 10),
-        WrOpcode::RdmaWriteWithImm { .. } => base + pos(6, 7, 9, 11),
-        WrOpcode::RdmaRead { .. } => 0x0c,
-        WrOpcode::AtomicCmpSwap { .. } => 0x13,
-        WrOpcode::AtomicFetchAdd { .. } => 0x14,
+    let pos = if n == 1 {
+        3
+    } else if k == 0 {
+        0
+    } else if k + 1 == n {
+        2
+    } else {
+        1
     };
+    let code = RC[row][pos] + if uc && uc_too { 0x20 } else { 0 };
     match Opcode::new(code) {
         Ok(o) => o,
         Err(_) => unreachable!("the table has every requester opcode"),
@@ -506,5 +515,95 @@ fn advance(dev: &mut Dev, qp: &mut Qp, idx: usize, now: Nanos, k: u32, is_read: 
     }
     if qp.qp_type == QpType::Rc && qp.ack_deadline.is_none() {
         qp.ack_deadline = qp.ack_timeout().map(|t| now + t);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The table against the opcode names (IBTA 9.2, Table 35), for every position of a
+    /// three-packet message and a one-packet one, RC and UC.
+    #[test]
+    fn packet_opcodes_by_position() {
+        let w = WrOpcode::RdmaWrite {
+            remote_addr: 0,
+            rkey: 0,
+        };
+        let wi = WrOpcode::RdmaWriteWithImm {
+            remote_addr: 0,
+            rkey: 0,
+            imm: 0,
+        };
+        let s = WrOpcode::Send;
+        let si = WrOpcode::SendWithImm { imm: 0 };
+        let sv = WrOpcode::SendWithInv { invalidate_rkey: 0 };
+        let pos = |op: &WrOpcode, uc: bool| {
+            [(0, 3), (1, 3), (2, 3), (0, 1)].map(|(k, n)| packet_opcode(op, uc, k, n))
+        };
+        use Opcode as O;
+        assert_eq!(
+            pos(&w, false),
+            [
+                O::RC_RDMA_WRITE_FIRST,
+                O::RC_RDMA_WRITE_MIDDLE,
+                O::RC_RDMA_WRITE_LAST,
+                O::RC_RDMA_WRITE_ONLY
+            ]
+        );
+        assert_eq!(
+            pos(&wi, true),
+            [
+                O::UC_RDMA_WRITE_FIRST,
+                O::UC_RDMA_WRITE_MIDDLE,
+                O::UC_RDMA_WRITE_LAST_WITH_IMMEDIATE,
+                O::UC_RDMA_WRITE_ONLY_WITH_IMMEDIATE
+            ]
+        );
+        assert_eq!(
+            pos(&s, true),
+            [
+                O::UC_SEND_FIRST,
+                O::UC_SEND_MIDDLE,
+                O::UC_SEND_LAST,
+                O::UC_SEND_ONLY
+            ]
+        );
+        assert_eq!(
+            pos(&si, false),
+            [
+                O::RC_SEND_FIRST,
+                O::RC_SEND_MIDDLE,
+                O::RC_SEND_LAST_WITH_IMMEDIATE,
+                O::RC_SEND_ONLY_WITH_IMMEDIATE
+            ]
+        );
+        assert_eq!(
+            pos(&sv, false),
+            [
+                O::RC_SEND_FIRST,
+                O::RC_SEND_MIDDLE,
+                O::RC_SEND_LAST_WITH_INVALIDATE,
+                O::RC_SEND_ONLY_WITH_INVALIDATE
+            ]
+        );
+        let read = WrOpcode::RdmaRead {
+            remote_addr: 0,
+            rkey: 0,
+        };
+        assert_eq!(pos(&read, false), [O::RC_RDMA_READ_REQUEST; 4]);
+        let fa = WrOpcode::AtomicFetchAdd {
+            remote_addr: 0,
+            rkey: 0,
+            add: 1,
+        };
+        assert_eq!(pos(&fa, false)[3], O::RC_FETCH_ADD);
+        let cs = WrOpcode::AtomicCmpSwap {
+            remote_addr: 0,
+            rkey: 0,
+            compare: 0,
+            swap: 1,
+        };
+        assert_eq!(pos(&cs, false)[3], O::RC_COMPARE_SWAP);
     }
 }
