@@ -277,7 +277,7 @@ pub fn parse_ip_packet(packet: &[u8]) -> Result<ParsedFrame<'_>, Error> {
 
 #[inline(always)]
 fn parse_l3(eth: EthernetRepr, frame: &[u8], l3: usize) -> Result<ParsedFrame<'_>, Error> {
-    parse_l3_with(eth, frame, l3, |r| r.map(|p| *p))
+    parse_l3_with(eth, frame, l3, |r| r.copied())
 }
 
 #[inline(always)]

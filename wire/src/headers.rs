@@ -195,6 +195,19 @@ pub struct RethRepr {
     pub dma_len: u32,
 }
 
+impl RethRepr {
+    /// Writes the 16 bytes at the front of `buf`, which must hold them.
+    #[inline]
+    pub fn emit(&self, buf: &mut [u8]) {
+        let h = RethHdr {
+            va: U64::new(self.va),
+            rkey: U32::new(self.rkey.0),
+            dma_len: U32::new(self.dma_len),
+        };
+        buf[..len::RETH].copy_from_slice(h.as_bytes());
+    }
+}
+
 #[derive(Debug, Clone, Copy, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
 #[repr(C)]
 struct AethHdr {
@@ -471,12 +484,7 @@ impl ExtHeaders {
             off += len::FETH;
         }
         if let Some(r) = self.reth {
-            let h = RethHdr {
-                va: U64::new(r.va),
-                rkey: U32::new(r.rkey.0),
-                dma_len: U32::new(r.dma_len),
-            };
-            buf[off..off + len::RETH].copy_from_slice(h.as_bytes());
+            r.emit(&mut buf[off..]);
             off += len::RETH;
         }
         if let Some(a) = self.atomic {

@@ -41,6 +41,11 @@ pub struct RnicConfig {
     /// check (`check_icrc` false; `rocemu sim --icrc off`), never on a wire, where a peer drops
     /// every such packet. UD packets and CNPs keep theirs.
     pub emit_icrc: bool,
+    /// Send a connected QP's single-packet SENDs and RDMA WRITEs through the requester's fast
+    /// path (on by default). Off, every packet takes the general path: the frames, state and
+    /// counters are the same either way, which `emulator/tests/fast_path.rs` checks by
+    /// running one workload both ways.
+    pub fast_path: bool,
     /// Congestion control: ECN marking, the notification point, the reaction point and its
     /// parameters ([`CcConfig`]: no RP and no ECT marking by default; the NP answers CE marks).
     pub cc: CcConfig,
@@ -76,6 +81,7 @@ impl RnicConfig {
             seed: Seed::from_u64(seed),
             check_icrc: true,
             emit_icrc: true,
+            fast_path: true,
             cc: CcConfig::default(),
             shard: Shard::default(),
         }
