@@ -157,6 +157,19 @@ fn run(seed: u64, qp_type: QpType, fast_path: bool) -> Outcome {
                 rkey: peer.rkey,
             },
         };
+        // Now and then a key the peer does not have, or an address past its region: the
+        // responder NAKs and the QP goes to ERR (the rest of the work is flushed).
+        let op = match (op, g.below(200)) {
+            (WrOpcode::RdmaWrite { remote_addr, rkey }, 0) => WrOpcode::RdmaWrite {
+                remote_addr,
+                rkey: rkey ^ 0x100,
+            },
+            (WrOpcode::RdmaWrite { rkey, .. }, 1) => WrOpcode::RdmaWrite {
+                remote_addr: peer.addr + MR as u64 - 8,
+                rkey,
+            },
+            (op, _) => op,
+        };
         let atomic = matches!(op, WrOpcode::AtomicFetchAdd { .. });
         let len = if atomic { 8 } else { len };
         let local = mr.addr + g.below(256 * 1024);
@@ -240,6 +253,7 @@ fn run(seed: u64, qp_type: QpType, fast_path: bool) -> Outcome {
 fn fast_path_sends_what_the_general_path_sends() {
     let mut fast_packets = 0;
     let mut retransmitted = 0;
+    let mut errors = 0;
     for qp_type in [QpType::Rc, QpType::Uc] {
         for seed in 1..=10u64 {
             let f = run(seed, qp_type, true);
@@ -252,9 +266,250 @@ fn fast_path_sends_what_the_general_path_sends() {
             assert!(f.capture == g.capture, "{what}: the frames differ");
             fast_packets += f.wcs.iter().map(Vec::len).sum::<usize>();
             retransmitted += f.retransmitted;
+            errors += f.states.iter().filter(|s| **s == QpState::Err).count();
         }
     }
     assert!(fast_packets > 0);
     // The cable's losses made the RC runs go back N: retransmissions took both paths too.
     assert!(retransmitted > 0, "no retransmission in any run");
+    // Some runs ended with a remote access error, some without.
+    assert!(
+        errors > 0 && errors < 40,
+        "QPs in ERR at the end: {errors} of 40"
+    );
+}
+
+/// Handmade RDMA WRITE packets (and a few SENDs), each with a good ICRC, that a requester in
+/// its right mind would not send: PSNs around the expected one, every WRITE opcode in and out
+/// of sequence, lengths at and around the path MTU and the RETH's length, pad counts that do not
+/// match, wrong and right R_Keys, addresses at the region's edges, other P_Keys, TVer 1, CE
+/// marks, another source address. One responder judges them with its fast path and one
+/// without: the same answers on the wire, counters, region bytes and QP state. When the QP
+/// goes to ERR, a new one takes its place, so that every seed keeps testing.
+#[test]
+fn hostile_writes_are_judged_alike() {
+    for seed in 1..=150u64 {
+        let f = hostile(seed, true);
+        let g = hostile(seed, false);
+        assert_eq!(f.0, g.0, "seed {seed}: counters");
+        assert!(f.1 == g.1, "seed {seed}: the responses differ");
+        assert!(f.2 == g.2, "seed {seed}: the region's bytes differ");
+        assert!(f.3 > 0, "seed {seed}: nothing was answered");
+    }
+}
+
+fn hostile(seed: u64, fast_path: bool) -> (String, Vec<Vec<u8>>, Vec<u8>, usize) {
+    use rocemu_wire::eth::EthernetRepr;
+    use rocemu_wire::frame::{pad_for, IpRepr};
+    use rocemu_wire::ip::Ipv4Repr;
+    use rocemu_wire::{BthRepr, ExtHeaders, FrameRepr, Opcode, PKey, Psn, RKey, RethRepr};
+    let mut c = RnicConfig::new(MAC_B, IP_B, seed);
+    c.fast_path = fast_path;
+    let mut r = Rnic::new(c);
+    r.set_neighbor(IP_A, MAC_A);
+    let pd = r.alloc_pd();
+    let cq = r.create_cq(4096).unwrap();
+    let mr = r.reg_mr(pd, 64 * 1024, Access::ALL).unwrap();
+    let cap = QpCap {
+        max_send_wr: 16,
+        max_recv_wr: 64,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    let opts = ConnectOpts::default(); // 1024-byte path MTU
+    let mut g = Gen(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+    let new_qp = |r: &mut Rnic| {
+        let qp = r
+            .create_qp(
+                pd,
+                QpInitAttr {
+                    qp_type: QpType::Rc,
+                    send_cq: cq,
+                    recv_cq: cq,
+                    srq: None,
+                    cap,
+                    sq_sig_all: false,
+                },
+            )
+            .unwrap();
+        rocemu_emulator::connect::bring_up(
+            r,
+            qp,
+            rocemu_wire::Qpn::new(0x77),
+            IP_A,
+            Psn::new(100),
+            Psn::new(5000),
+            &opts,
+        )
+        .unwrap();
+        for k in 0..32 {
+            let sge = Sge {
+                addr: mr.addr + k * 1024,
+                length: 1024,
+                lkey: mr.lkey,
+            };
+            r.post_recv(
+                qp,
+                RecvWr {
+                    wr_id: k,
+                    sg_list: vec![sge].into(),
+                },
+            )
+            .unwrap();
+        }
+        qp
+    };
+    let mut qp = new_qp(&mut r);
+    let mut next = 5000u32; // the PSN a well-behaved requester would use next
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 10_000];
+    let mut now = Nanos(0);
+    // First the edges a random walk rarely finds, each on a fresh QP: (opcode, payload length,
+    // RETH length, RETH address offset). A LAST with no payload after a FIRST that filled the
+    // RETH's length; zero-length ONLYs with and without a RETH length; a FIRST whose message
+    // runs past the region though its first packet fits; a MIDDLE with no write in progress.
+    let script: [(Opcode, usize, u32, u64); 8] = [
+        (Opcode::RC_RDMA_WRITE_FIRST, 1024, 1024, 0),
+        (Opcode::RC_RDMA_WRITE_LAST, 0, 0, 0),
+        (Opcode::RC_RDMA_WRITE_ONLY, 0, 0, 0),
+        (Opcode::RC_RDMA_WRITE_ONLY, 0, 5, 0),
+        (Opcode::RC_RDMA_WRITE_FIRST, 1024, 3000, 63 * 1024),
+        (Opcode::RC_RDMA_WRITE_MIDDLE, 1024, 0, 0),
+        (Opcode::RC_RDMA_WRITE_ONLY, 1024, 1024, 64 * 1024 - 1024),
+        (Opcode::RC_RDMA_WRITE_ONLY, 1024, 1024, 64 * 1024 - 1023),
+    ];
+    for i in 0..400 {
+        let scripted = script.get(i).copied();
+        let op = match g.below(12) {
+            0..=2 => Opcode::RC_RDMA_WRITE_ONLY,
+            3..=4 => Opcode::RC_RDMA_WRITE_FIRST,
+            5..=6 => Opcode::RC_RDMA_WRITE_MIDDLE,
+            7..=8 => Opcode::RC_RDMA_WRITE_LAST,
+            9 => Opcode::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE,
+            10 => Opcode::RC_SEND_ONLY,
+            _ => Opcode::RC_SEND_FIRST,
+        };
+        let psn = match g.below(10) {
+            0 => next.wrapping_sub(1 + g.below(3) as u32),
+            1 => next + 1 + g.below(3) as u32,
+            _ => next,
+        };
+        let len = match g.below(7) {
+            0 | 1 => 1024,
+            2 => 1023 + g.below(3) as usize,
+            3 => 0,
+            _ => g.below(1100) as usize,
+        };
+        let (op, psn, len) = match scripted {
+            Some((op, len, ..)) => (op, next, len),
+            None => (op, psn, len),
+        };
+        let mut bth = BthRepr::new(op, qp, Psn::new(psn));
+        bth.ack_req = g.chance(60);
+        bth.pad = if g.chance(90) {
+            pad_for(len)
+        } else {
+            g.below(4) as u8
+        };
+        if g.chance(3) {
+            bth.pkey = PKey(0x7fff);
+        }
+        if g.chance(3) {
+            bth.tver = 1;
+        }
+        let mut ext = ExtHeaders::default();
+        let info = op.info();
+        if info.has(rocemu_wire::opcode::hdr::RETH) {
+            ext.reth = Some(RethRepr {
+                va: match g.below(8) {
+                    0 => mr.addr + 64 * 1024 - g.below(2048),
+                    1 => mr.addr.wrapping_sub(g.below(64)),
+                    _ => mr.addr + g.below(60 * 1024),
+                },
+                rkey: RKey(if g.chance(95) { mr.rkey } else { mr.rkey ^ 1 }),
+                dma_len: match g.below(5) {
+                    0 => len as u32,
+                    1 => (len as u32).wrapping_add(g.below(3) as u32).wrapping_sub(1),
+                    2 => 1024 * (1 + g.below(3) as u32),
+                    _ => g.below(4000) as u32,
+                },
+            });
+        }
+        if info.has(rocemu_wire::opcode::hdr::IMM) {
+            ext.imm = Some(7);
+        }
+        if let Some((_, len, dma_len, at)) = scripted {
+            bth.ack_req = true;
+            bth.pad = pad_for(len);
+            bth.pkey = PKey::DEFAULT;
+            bth.tver = 0;
+            if let Some(r) = ext.reth.as_mut() {
+                (r.va, r.rkey, r.dma_len) = (mr.addr + at, RKey(mr.rkey), dma_len);
+            }
+        }
+        let payload: Vec<u8> = (0..len).map(|i| (i as u64 ^ seed) as u8).collect();
+        let src = if g.chance(3) && scripted.is_none() {
+            IP_B
+        } else {
+            IP_A
+        };
+        let (std::net::IpAddr::V4(s), std::net::IpAddr::V4(d)) = (src, IP_B) else {
+            unreachable!()
+        };
+        let fr = FrameRepr {
+            eth: EthernetRepr {
+                dst: MAC_B,
+                src: MAC_A,
+                vlan: None,
+                ethertype: 0,
+            },
+            ip: IpRepr::V4(Ipv4Repr {
+                src: s,
+                dst: d,
+                dscp: 0,
+                ecn: if g.chance(5) && scripted.is_none() {
+                    3
+                } else {
+                    2
+                },
+                ident: 9,
+                dont_frag: true,
+                ttl: 64,
+                protocol: 17,
+                checksum: 0,
+                header_len: 20,
+                total_len: 0,
+            }),
+            sport: 0xc000,
+            dport: rocemu_wire::ROCEV2_UDP_PORT,
+            bth,
+            ext,
+        };
+        let mut frame = vec![0u8; 2048];
+        let n = fr.emit_with_payload(&mut frame, &payload).unwrap();
+        frame.truncate(n);
+        if psn == next {
+            next += 1;
+        }
+        r.handle_frame_mut(now, &mut frame);
+        now = Nanos(now.0 + 1_000);
+        r.handle_timeout(now);
+        while let Some(n) = r.poll_transmit(now, &mut buf) {
+            out.push(buf[..n].to_vec());
+        }
+        if r.qp_state(qp).unwrap() == QpState::Err {
+            r.destroy_qp(qp).unwrap_or(());
+            qp = new_qp(&mut r);
+            next = 5000;
+        }
+    }
+    let _ = r.poll_cq(cq, 100_000);
+    let answered = out.len();
+    (
+        format!("{:?}", r.counters()),
+        out,
+        r.mr_bytes(mr.lkey).unwrap().to_vec(),
+        answered,
+    )
 }

@@ -21,7 +21,7 @@ use crate::rnic::qp::{Qp, RecvWqe, RespMsg};
 use crate::rnic::verbs::*;
 use crate::rnic::{Dev, Packet};
 use crate::time::Nanos;
-pub(crate) use responses::produce;
+pub(crate) use responses::{produce, push_ack};
 use rocemu_wire::opcode::{OpcodeInfo, Operation, Position};
 
 pub(crate) fn recv_wc(qp: &Qp, w: &RecvWqe, status: WcStatus, byte_len: u32) -> Wc {

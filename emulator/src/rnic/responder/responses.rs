@@ -19,7 +19,7 @@ use rocemu_wire::{BthRepr, ExtHeaders, NakCode, Opcode, Psn, Syndrome};
 const ACK: Syndrome = Syndrome::ack(Syndrome::CREDITS_INVALID);
 
 /// Queues an ACK, coalescing it with an ACK or NAK already waiting (see [`queue_ack`]).
-pub(super) fn push_ack(dev: &mut Dev, qp: &mut Qp, psn: Psn) {
+pub(crate) fn push_ack(dev: &mut Dev, qp: &mut Qp, psn: Psn) {
     let slots = qp.resp_slots();
     queue_ack(dev, qp, psn, ACK, slots);
 }

@@ -1,0 +1,218 @@
+//! The receive fast path: an RDMA WRITE packet (FIRST, MIDDLE, LAST or ONLY, without immediate
+//! data) to an RC QP, at the QP's expected PSN, in an untagged IPv4 frame — what a connected QP
+//! receives most — checked and executed from the frame's bytes, without the general parse.
+//!
+//! It is a hardware pipeline's fast path: it takes a packet only when every check of the general
+//! path (`receive_parsed`, then the responder's `rc_receive` and `rc_write`) would pass, and
+//! changes nothing before it knows that. Any other packet — a field out of the ordinary (a VLAN
+//! tag, IPv6, IP options, another opcode), a check that would fail (ICRC, IPv4 checksum, P_Key,
+//! QP state, source, R_Key, bounds, lengths), a duplicate or a gap, a CE mark (the notification
+//! point's business) — goes to the general path, which checks it again from the start and
+//! executes, NAKs, drops or counts it. The frames sent, the state and the counters are the same
+//! either way: `emulator/tests/fast_path.rs` runs a lossy random workload with the fast paths
+//! (`RnicConfig::fast_path`) and without, and compares them.
+use super::qp::RespMsg;
+use super::verbs::*;
+use super::{responder, Rnic};
+use crate::time::Nanos;
+use rocemu_wire::{icrc, PKey, Psn, Qpn, ROCEV2_UDP_PORT};
+use std::net::{IpAddr, Ipv4Addr};
+
+/// Where the headers of an untagged IPv4 RoCEv2 frame start.
+const L3: usize = 14;
+const L4: usize = L3 + 20;
+const BTH: usize = L4 + 8;
+const RETH: usize = BTH + 12;
+/// IP, UDP, BTH and ICRC: the least an RDMA WRITE MIDDLE or LAST datagram holds.
+const MIN_DATAGRAM: usize = 20 + 8 + 12 + 4;
+
+#[inline(always)]
+fn be16(f: &[u8], at: usize) -> u16 {
+    u16::from_be_bytes([f[at], f[at + 1]])
+}
+
+#[inline(always)]
+fn be32(f: &[u8], at: usize) -> u32 {
+    u32::from_be_bytes([f[at], f[at + 1], f[at + 2], f[at + 3]])
+}
+
+impl Rnic {
+    /// True when the fast path took the frame (executed it, as the general path would have);
+    /// false when it left the frame as it found it, for the general path.
+    #[inline]
+    pub(super) fn receive_fast(&mut self, frame: &mut [u8], _now: Nanos) -> bool {
+        let n = frame.len();
+        if n < L3 + MIN_DATAGRAM {
+            return false;
+        }
+        let f: &[u8] = frame;
+        // Ethernet: to this port's MAC, untagged, IPv4.
+        if be16(f, 12) != 0x0800 || f[..6] != self.dev.cfg.mac.0 {
+            return false;
+        }
+        // IPv4 without options, not a fragment, UDP, with its length inside the frame and not
+        // marked CE; to one of this device's addresses.
+        let total = be16(f, L3 + 2) as usize;
+        if f[L3] != 0x45
+            || f[L3 + 9] != 17
+            || be16(f, L3 + 6) & 0x3fff != 0
+            || total < MIN_DATAGRAM
+            || total > n - L3
+            || f[L3 + 1] & 3 == 3
+        {
+            return false;
+        }
+        let dst = Ipv4Addr::new(f[L3 + 16], f[L3 + 17], f[L3 + 18], f[L3 + 19]);
+        if !self.dev.cfg.ips.contains(&IpAddr::V4(dst)) {
+            return false;
+        }
+        // UDP to 4791, its length the IP payload's.
+        if be16(f, L4 + 2) != ROCEV2_UDP_PORT || be16(f, L4 + 4) as usize != total - 20 {
+            return false;
+        }
+        // The BTH: an RC RDMA WRITE without immediate data, TVer 0, the default partition.
+        let (has_reth, first, last) = match f[BTH] {
+            0x06 => (true, true, false),   // FIRST
+            0x07 => (false, false, false), // MIDDLE
+            0x08 => (false, false, true),  // LAST
+            0x0a => (true, true, true),    // ONLY
+            _ => return false,
+        };
+        let flags = f[BTH + 1];
+        if flags & 0x0f != 0 || !PKey(be16(f, BTH + 2)).matches(PKey::DEFAULT) {
+            return false;
+        }
+        let pad = ((flags >> 4) & 3) as usize;
+        let hdrs = MIN_DATAGRAM + if has_reth { 16 } else { 0 };
+        if total < hdrs + pad {
+            return false;
+        }
+        let plen = total - hdrs - pad;
+        let payload_at = RETH + if has_reth { 16 } else { 0 };
+        let dqpn = Qpn::new(be32(f, BTH + 4));
+        let psn_word = be32(f, BTH + 8);
+        let (ack_req, psn) = (psn_word & 0x8000_0000 != 0, Psn::new(psn_word));
+        let src = IpAddr::V4(Ipv4Addr::new(
+            f[L3 + 12],
+            f[L3 + 13],
+            f[L3 + 14],
+            f[L3 + 15],
+        ));
+        // The QP: RC, taking requests, from its peer, at the expected PSN.
+        let Some(slot) = self.slot_of(dqpn) else {
+            return false;
+        };
+        let Some(qp) = self.qps[slot].as_ref() else {
+            return false;
+        };
+        if qp.qp_type != QpType::Rc
+            || !matches!(
+                qp.state,
+                QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
+            )
+            || src != qp.peer_ip
+            || psn != qp.epsn
+            || !qp.attr.qp_access_flags.contains(Access::REMOTE_WRITE)
+        {
+            return false;
+        }
+        // The write: a new one (FIRST, ONLY) with none in progress, or the one in progress;
+        // lengths as the position needs (C9-92) and within what the RETH asked for (C9-95).
+        let mtu = qp.mtu() as usize;
+        let (rkey, va, remaining, msg_len) = match (&qp.resp_msg, first) {
+            (RespMsg::Idle, true) => {
+                let len = be32(f, RETH + 12) as u64;
+                (
+                    be32(f, RETH + 8),
+                    u64::from_be_bytes(f[RETH..RETH + 8].try_into().unwrap()),
+                    len,
+                    len,
+                )
+            }
+            (
+                RespMsg::Write {
+                    rkey,
+                    va,
+                    remaining,
+                    total,
+                },
+                false,
+            ) => (*rkey, *va, *remaining, *total),
+            _ => return false,
+        };
+        let length_ok = match (first, last) {
+            (false, false) | (true, false) => plen == mtu,
+            (false, true) => plen >= 1 && plen <= mtu,
+            (true, true) => plen <= mtu,
+        };
+        let p = plen as u64;
+        if !length_ok || p > remaining || (last && p != remaining) {
+            return false;
+        }
+        // R_Key, protection domain, permission and bounds (the whole message at its first
+        // packet); a zero-length write checks nothing.
+        let mut target = None;
+        if plen > 0 || (first && msg_len > 0) {
+            let check_len = if first { msg_len } else { p };
+            match self
+                .dev
+                .mem
+                .check_remote(qp.pd, rkey, va, check_len, Access::REMOTE_WRITE)
+            {
+                Ok(t) => target = Some(t),
+                Err(()) => return false,
+            }
+        }
+        // The IPv4 checksum, then the ICRC (IBTA A17.3.3), in place: the frame is left as it
+        // was.
+        if !rocemu_wire::ip::ipv4_checksum_ok(&f[L3..L4]) {
+            return false;
+        }
+        if self.dev.cfg.check_icrc {
+            let end = L3 + total;
+            let c = icrc::compute_in_place(frame, L3, 20, false, end);
+            if icrc::to_wire(c) != frame[end - 4..end] {
+                return false;
+            }
+        }
+        // Every check passed: execute, as the general path does.
+        let payload = &frame[payload_at..payload_at + plen];
+        let Some(qp) = self.qps[slot].as_mut() else {
+            return false;
+        };
+        let c = &mut self.dev.counters;
+        c.rcvd_pkts += 1;
+        c.rcvd_bytes += n as u64;
+        if first {
+            c.rx_write_requests += 1;
+        }
+        qp.counters.rcvd_pkts += 1;
+        qp.counters.rcvd_bytes += n as u64;
+        if let (Some((mr, off)), true) = (target, plen > 0) {
+            if let Some(m) = self.dev.mem.mrs[mr].as_mut() {
+                m.data.write(off, payload);
+            }
+        }
+        if last {
+            qp.msn = qp.msn.next();
+            qp.resp_msg = RespMsg::Idle;
+        } else {
+            qp.resp_msg = RespMsg::Write {
+                rkey,
+                va: va + p,
+                remaining: remaining - p,
+                total: msg_len,
+            };
+        }
+        qp.nak_sent = false;
+        qp.epsn = psn.next();
+        if ack_req {
+            responder::push_ack(&mut self.dev, qp, psn);
+        }
+        self.refresh(slot);
+        if !self.dev.failed_cqs.is_empty() {
+            self.settle_cq_errors();
+        }
+        true
+    }
+}
