@@ -170,6 +170,11 @@ fn run(seed: u64, qp_type: QpType, fast_path: bool) -> Outcome {
             },
             (op, _) => op,
         };
+        // Now and then a long WRITE: past 64 packets, an ACK is asked for within the message.
+        let len = match op {
+            WrOpcode::RdmaWrite { .. } if g.chance(8) => 60 * 1024 + g.below(12 * 1024) as u32,
+            _ => len,
+        };
         let atomic = matches!(op, WrOpcode::AtomicFetchAdd { .. });
         let len = if atomic { 8 } else { len };
         let local = mr.addr + g.below(256 * 1024);

@@ -270,14 +270,14 @@ pub(crate) fn produce(dev: &mut Dev, qp: &mut Qp, now: Nanos, buf: &mut [u8]) ->
     emit_packet(dev, qp, idx, now, buf, checked)
 }
 
-/// The requester's fast path, for what a connected QP sends most: a new SEND or RDMA WRITE
-/// (with immediate data or without) that fits one packet, from one SGE or inline data, on an
-/// RC or UC QP that has its header template. Its opcode is an ONLY, its payload the whole
-/// message, its ACK request set (RC): the general path's decisions for such a packet, made
-/// without the general path's questions. `None` when the WQE at the cursor is not such a
-/// request (the general path takes it, and a local fault too: it checks again and fails the
-/// WQE); otherwise what the general path returns, with the same frame, state and counters
-/// (`emulator/tests/fast_path.rs` runs one workload both ways and compares every frame).
+/// The requester's fast path, for what a connected QP sends most: the packets of a SEND or an
+/// RDMA WRITE (with immediate data or without) on an RC or UC QP that has its header template,
+/// a message that starts from one SGE or inline data (once started, from any list). The
+/// general path's decisions for such a packet, made without the general path's questions.
+/// `None` when the WQE at the cursor is not such a request (the general path takes it, and a
+/// local fault too: it checks again and fails the WQE); otherwise what the general path
+/// returns, with the same frame, state and counters (`emulator/tests/fast_path.rs` runs one
+/// workload both ways and compares every frame).
 #[inline]
 fn produce_fast(dev: &mut Dev, qp: &mut Qp, now: Nanos, buf: &mut [u8]) -> Option<Option<usize>> {
     let rc = match qp.qp_type {
@@ -292,29 +292,31 @@ fn produce_fast(dev: &mut Dev, qp: &mut Qp, now: Nanos, buf: &mut [u8]) -> Optio
     let mtu = qp.mtu();
     let psn = qp.req_psn;
     let w = qp.sq.get_mut(idx)?;
-    if w.started || w.error.is_some() || w.len > mtu || w.wr.flags.contains(SendFlags::FENCE) {
+    if w.error.is_some() {
         return None;
     }
-    // The ONLY opcode (RC's numbering; UC's is 0x20 more) and whether it may carry SE.
-    let (code, se_ok) = match w.wr.opcode {
-        WrOpcode::Send => (0x04, true),
-        WrOpcode::SendWithImm { .. } => (0x05, true),
-        WrOpcode::RdmaWrite { .. } => (0x0a, false),
-        WrOpcode::RdmaWriteWithImm { .. } => (0x0b, true),
+    // Whether the opcode may carry SE (on its last packet).
+    let se_ok = match w.wr.opcode {
+        WrOpcode::Send | WrOpcode::SendWithImm { .. } | WrOpcode::RdmaWriteWithImm { .. } => true,
+        WrOpcode::RdmaWrite { .. } => false,
         _ => return None,
     };
     let inline = w.wr.flags.contains(SendFlags::INLINE);
-    let checked = if inline {
-        None
-    } else {
-        match &*w.wr.sg_list {
-            [s] if s.length > 0 => Some(dev.mem.check_sge(qp.pd, s, false).ok()?),
-            _ => return None,
+    let mut checked = None;
+    if !w.started {
+        if w.wr.flags.contains(SendFlags::FENCE) {
+            return None;
         }
-    };
-    w.first_psn = psn;
-    w.npkts = 1;
-    w.started = true;
+        if !inline {
+            match &*w.wr.sg_list {
+                [s] if s.length > 0 => checked = Some(dev.mem.check_sge(qp.pd, s, false).ok()?),
+                _ => return None,
+            }
+        }
+        w.first_psn = psn;
+        w.npkts = w.len.div_ceil(mtu).max(1) as u32;
+        w.started = true;
+    }
     if rc {
         let inflight = if psn.is_before(qp.acked_psn) {
             0
@@ -326,40 +328,50 @@ fn produce_fast(dev: &mut Dev, qp: &mut Qp, now: Nanos, buf: &mut [u8]) -> Optio
         }
     }
     let w = &*w;
-    let payload_len = w.len as usize;
-    let opcode = match Opcode::new(code + if rc { 0 } else { 0x20 }) {
-        Ok(o) => o,
-        Err(_) => unreachable!("RC and UC have every ONLY opcode of SEND and WRITE"),
-    };
+    let n = w.npkts;
+    let k = psn.distance_from(w.first_psn).min(n.saturating_sub(1));
+    let last = k + 1 == n;
+    let offset = k as u64 * mtu;
+    let payload_len = (w.len - offset.min(w.len)).min(mtu) as usize;
+    let opcode = packet_opcode(&w.wr.opcode, !rc, k, n);
+    let info = opcode.info();
     let mut bth = BthRepr::new(opcode, qp.attr.dest_qp_num, psn);
     bth.pad = pad_for(payload_len);
-    bth.solicited = se_ok && w.wr.flags.contains(SendFlags::SOLICITED);
-    bth.ack_req = rc;
-    let (reth, imm) = match w.wr.opcode {
-        WrOpcode::RdmaWrite { remote_addr, rkey } => (Some((remote_addr, rkey)), None),
-        WrOpcode::RdmaWriteWithImm {
-            remote_addr,
-            rkey,
-            imm,
-        } => (Some((remote_addr, rkey)), Some(imm)),
-        WrOpcode::SendWithImm { imm } => (None, Some(imm)),
-        _ => (None, None),
+    bth.solicited = last && se_ok && w.wr.flags.contains(SendFlags::SOLICITED);
+    let fills_window = psn.next().distance_from(qp.acked_psn) >= qp.cwnd.min(MAX_INFLIGHT_PSNS);
+    bth.ack_req = rc && (last || fills_window || (k + 1).is_multiple_of(MAX_PKTS_PER_ACK));
+    let reth = match w.wr.opcode {
+        WrOpcode::RdmaWrite { remote_addr, rkey }
+        | WrOpcode::RdmaWriteWithImm {
+            remote_addr, rkey, ..
+        } if info.has(rocemu_wire::opcode::hdr::RETH) => Some(RethRepr {
+            va: remote_addr,
+            rkey: RKey(rkey),
+            dma_len: w.len as u32,
+        }),
+        _ => None,
     };
-    let reth = reth.map(|(va, rkey)| RethRepr {
-        va,
-        rkey: RKey(rkey),
-        dma_len: payload_len as u32,
-    });
+    let imm = match w.wr.opcode {
+        WrOpcode::SendWithImm { imm } | WrOpcode::RdmaWriteWithImm { imm, .. }
+            if info.has(rocemu_wire::opcode::hdr::IMM) =>
+        {
+            Some(imm)
+        }
+        _ => None,
+    };
     let tmpl = qp.tmpl.as_ref()?;
     let ident = if tmpl.is_v6() { 0 } else { dev.next_ident() };
-    let mem = &dev.mem;
+    let (mem, pd) = (&dev.mem, qp.pd);
     let mut gathered = Ok(());
     let written = tmpl.emit_only(buf, ident, &bth, reth.as_ref(), imm, payload_len, |d| {
-        gathered = match checked {
-            Some(c) => mem.read_checked(c, 0, d),
-            None => {
-                d.copy_from_slice(&w.wr.inline_data[..payload_len]);
-                Ok(())
+        gathered = if inline {
+            d.copy_from_slice(&w.wr.inline_data[offset as usize..offset as usize + payload_len]);
+            Ok(())
+        } else {
+            match checked {
+                // The single SGE checked a moment ago (the message's first packet).
+                Some(c) => mem.read_checked(c, offset, d),
+                None => mem.gather(pd, &w.wr.sg_list, offset, d),
             }
         };
     });
@@ -375,7 +387,7 @@ fn produce_fast(dev: &mut Dev, qp: &mut Qp, now: Nanos, buf: &mut [u8]) -> Optio
         }
     };
     qp.last_ack_req = bth.ack_req;
-    advance(dev, qp, idx, now, 0, false, true);
+    advance(dev, qp, idx, now, k, false, last);
     Some(Some(len))
 }
 
