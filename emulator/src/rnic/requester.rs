@@ -41,12 +41,13 @@ pub(crate) fn complete_front(dev: &mut Dev, qp: &mut Qp) {
     let Some(w) = qp.sq.front() else {
         return;
     };
-    let (rd_counted, wc) = (
-        w.rd_counted,
-        w.signaled.then(|| wc_for(qp, w, WcStatus::Success)),
-    );
+    let rd_counted = w.rd_counted;
     if w.wr.opcode.is_send() {
         dev.counters.rdma_sends += 1;
+    }
+    // The CQE straight from the WQE, before the WQE goes (built apart, it was moved twice).
+    if w.signaled {
+        dev.push_wc(qp.send_cq, wc_for(qp, w, WcStatus::Success));
     }
     // Dropped where it lies: popping would copy the whole WQE out first.
     qp.sq.drop_front();
@@ -54,9 +55,6 @@ pub(crate) fn complete_front(dev: &mut Dev, qp: &mut Qp) {
         qp.rd_outstanding = qp.rd_outstanding.saturating_sub(1);
     }
     qp.sq_next = qp.sq_next.saturating_sub(1);
-    if let Some(wc) = wc {
-        dev.push_wc(qp.send_cq, wc);
-    }
 }
 
 /// rxe's `rdma_sends` counts every SEND work request its completer finishes, flushed ones
@@ -387,7 +385,22 @@ fn produce_fast(dev: &mut Dev, qp: &mut Qp, now: Nanos, buf: &mut [u8]) -> Optio
         }
     };
     qp.last_ack_req = bth.ack_req;
-    advance(dev, qp, idx, now, k, false, last);
+    // `advance` for a SEND or WRITE packet (no read to count), without looking at the WQE.
+    if psn.is_before(qp.psn_high()) {
+        dev.counters.retransmitted_pkts += 1;
+        qp.counters.retransmitted_pkts += 1;
+    }
+    qp.req_psn = psn.next();
+    qp.note_sent(qp.req_psn);
+    if last {
+        qp.sq_next += 1;
+        if !rc {
+            complete_front(dev, qp);
+        }
+    }
+    if rc && qp.ack_deadline.is_none() {
+        qp.ack_deadline = qp.ack_timeout().map(|t| now + t);
+    }
     Some(Some(len))
 }
 
