@@ -348,11 +348,13 @@ fn hostile(seed: u64, fast_path: bool) -> (String, Vec<Vec<u8>>, Vec<u8>, usize)
             &opts,
         )
         .unwrap();
+        // Receive buffers of 200 to 1023 bytes (SENDs longer than the buffer happen), one in
+        // five with an L_Key the table does not have (checked when a SEND lands in it).
         for k in 0..32 {
             let sge = Sge {
                 addr: mr.addr + k * 1024,
-                length: 1024,
-                lkey: mr.lkey,
+                length: 200 + (k as u32 * 131) % 824,
+                lkey: if k % 5 == 1 { mr.lkey ^ 0x40 } else { mr.lkey },
             };
             r.post_recv(
                 qp,
@@ -366,6 +368,10 @@ fn hostile(seed: u64, fast_path: bool) -> (String, Vec<Vec<u8>>, Vec<u8>, usize)
         qp
     };
     let mut qp = new_qp(&mut r);
+    // The CQ armed for solicited completions: which packets fire it is compared too.
+    r.req_notify_cq(cq, true).unwrap();
+    let mut events = Vec::new();
+    let mut wcs = Vec::new();
     let mut next = 5000u32; // the PSN a well-behaved requester would use next
     let mut out = Vec::new();
     let mut buf = vec![0u8; 10_000];
@@ -386,14 +392,17 @@ fn hostile(seed: u64, fast_path: bool) -> (String, Vec<Vec<u8>>, Vec<u8>, usize)
     ];
     for i in 0..400 {
         let scripted = script.get(i).copied();
-        let op = match g.below(12) {
+        let op = match g.below(16) {
             0..=2 => Opcode::RC_RDMA_WRITE_ONLY,
             3..=4 => Opcode::RC_RDMA_WRITE_FIRST,
             5..=6 => Opcode::RC_RDMA_WRITE_MIDDLE,
             7..=8 => Opcode::RC_RDMA_WRITE_LAST,
             9 => Opcode::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE,
-            10 => Opcode::RC_SEND_ONLY,
-            _ => Opcode::RC_SEND_FIRST,
+            10..=11 => Opcode::RC_SEND_ONLY,
+            12 => Opcode::RC_SEND_FIRST,
+            13 => Opcode::RC_SEND_MIDDLE,
+            14 => Opcode::RC_SEND_LAST,
+            _ => Opcode::RC_SEND_ONLY_WITH_IMMEDIATE,
         };
         let psn = match g.below(10) {
             0 => next.wrapping_sub(1 + g.below(3) as u32),
@@ -412,6 +421,7 @@ fn hostile(seed: u64, fast_path: bool) -> (String, Vec<Vec<u8>>, Vec<u8>, usize)
         };
         let mut bth = BthRepr::new(op, qp, Psn::new(psn));
         bth.ack_req = g.chance(60);
+        bth.solicited = g.chance(30);
         bth.pad = if g.chance(90) {
             pad_for(len)
         } else {
@@ -503,16 +513,23 @@ fn hostile(seed: u64, fast_path: bool) -> (String, Vec<Vec<u8>>, Vec<u8>, usize)
         while let Some(n) = r.poll_transmit(now, &mut buf) {
             out.push(buf[..n].to_vec());
         }
+        let mut ev = Vec::new();
+        r.take_cq_events(&mut ev);
+        if !ev.is_empty() {
+            r.req_notify_cq(cq, true).unwrap();
+        }
+        events.push(ev.len());
+        wcs.extend(r.poll_cq(cq, 64));
         if r.qp_state(qp).unwrap() == QpState::Err {
             r.destroy_qp(qp).unwrap_or(());
             qp = new_qp(&mut r);
             next = 5000;
         }
     }
-    let _ = r.poll_cq(cq, 100_000);
+    wcs.extend(r.poll_cq(cq, 100_000));
     let answered = out.len();
     (
-        format!("{:?}", r.counters()),
+        format!("{:?} {events:?} {wcs:?}", r.counters()),
         out,
         r.mr_bytes(mr.lkey).unwrap().to_vec(),
         answered,

@@ -1,9 +1,11 @@
-//! The receive fast path: an RDMA WRITE packet (FIRST, MIDDLE, LAST or ONLY, without immediate
-//! data) to an RC QP, at the QP's expected PSN, in an untagged IPv4 frame — what a connected QP
-//! receives most — checked and executed from the frame's bytes, without the general parse.
+//! The receive fast path: an RDMA WRITE or SEND packet (FIRST, MIDDLE, LAST or ONLY, without
+//! immediate data or invalidation) to an RC QP, at the QP's expected PSN, in an untagged IPv4
+//! frame — what a connected QP receives most — checked and executed from the frame's bytes,
+//! without the general parse. (A SEND for a QP on an SRQ goes the general way.)
 //!
 //! It is a hardware pipeline's fast path: it takes a packet only when every check of the general
-//! path (`receive_parsed`, then the responder's `rc_receive` and `rc_write`) would pass, and
+//! path (`receive_parsed`, then the responder's `rc_receive`, `rc_write` and `rc_send`) would
+//! pass, and
 //! changes nothing before it knows that. Any other packet — a field out of the ordinary (a VLAN
 //! tag, IPv6, IP options, another opcode), a check that would fail (ICRC, IPv4 checksum, P_Key,
 //! QP state, source, R_Key, bounds, lengths), a duplicate or a gap, a CE mark (the notification
@@ -70,12 +72,17 @@ impl Rnic {
         if be16(f, L4 + 2) != ROCEV2_UDP_PORT || be16(f, L4 + 4) as usize != total - 20 {
             return false;
         }
-        // The BTH: an RC RDMA WRITE without immediate data, TVer 0, the default partition.
-        let (has_reth, first, last) = match f[BTH] {
-            0x06 => (true, true, false),   // FIRST
-            0x07 => (false, false, false), // MIDDLE
-            0x08 => (false, false, true),  // LAST
-            0x0a => (true, true, true),    // ONLY
+        // The BTH: an RC SEND or RDMA WRITE without immediate data, TVer 0, the default
+        // partition.
+        let (send, has_reth, first, last) = match f[BTH] {
+            0x00 => (true, false, true, false),   // SEND FIRST
+            0x01 => (true, false, false, false),  // SEND MIDDLE
+            0x02 => (true, false, false, true),   // SEND LAST
+            0x04 => (true, false, true, true),    // SEND ONLY
+            0x06 => (false, true, true, false),   // WRITE FIRST
+            0x07 => (false, false, false, false), // WRITE MIDDLE
+            0x08 => (false, false, false, true),  // WRITE LAST
+            0x0a => (false, true, true, true),    // WRITE ONLY
             _ => return false,
         };
         let flags = f[BTH + 1];
@@ -112,8 +119,20 @@ impl Rnic {
             )
             || src != qp.peer_ip
             || psn != qp.epsn
-            || !qp.attr.qp_access_flags.contains(Access::REMOTE_WRITE)
         {
+            return false;
+        }
+        if send {
+            return self.receive_send_fast(
+                frame,
+                slot,
+                (first, last),
+                (psn, ack_req),
+                payload_at,
+                plen,
+            );
+        }
+        if !qp.attr.qp_access_flags.contains(Access::REMOTE_WRITE) {
             return false;
         }
         // The write: a new one (FIRST, ONLY) with none in progress, or the one in progress;
@@ -163,17 +182,8 @@ impl Rnic {
                 Err(()) => return false,
             }
         }
-        // The IPv4 checksum, then the ICRC (IBTA A17.3.3), in place: the frame is left as it
-        // was.
-        if !rocemu_wire::ip::ipv4_checksum_ok(&f[L3..L4]) {
+        if !self.frame_sound(frame, total) {
             return false;
-        }
-        if self.dev.cfg.check_icrc {
-            let end = L3 + total;
-            let c = icrc::compute_in_place(frame, L3, 20, false, end);
-            if icrc::to_wire(c) != frame[end - 4..end] {
-                return false;
-            }
         }
         // Every check passed: execute, as the general path does.
         let payload = &frame[payload_at..payload_at + plen];
@@ -203,6 +213,111 @@ impl Rnic {
                 remaining: remaining - p,
                 total: msg_len,
             };
+        }
+        qp.nak_sent = false;
+        qp.epsn = psn.next();
+        if ack_req {
+            responder::push_ack(&mut self.dev, qp, psn);
+        }
+        self.refresh(slot);
+        if !self.dev.failed_cqs.is_empty() {
+            self.settle_cq_errors();
+        }
+        true
+    }
+
+    /// The IPv4 checksum, then the ICRC (IBTA A17.3.3), computed in place: the frame is left
+    /// as it was. `total` is the IP datagram's length.
+    #[inline]
+    fn frame_sound(&self, frame: &mut [u8], total: usize) -> bool {
+        if !rocemu_wire::ip::ipv4_checksum_ok(&frame[L3..L4]) {
+            return false;
+        }
+        if self.dev.cfg.check_icrc {
+            let end = L3 + total;
+            let c = icrc::compute_in_place(frame, L3, 20, false, end);
+            if icrc::to_wire(c) != frame[end - 4..end] {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// A SEND packet (FIRST, MIDDLE, LAST, ONLY, without immediate data or invalidation) for
+    /// the RC QP in `slot`, its frame's headers and PSN checked: what the responder's
+    /// `rc_send` does when every check passes — a new message takes the QP's next receive WQE
+    /// (a QP on an SRQ goes the general way), the payload lands in its SGEs at the message's
+    /// offset, the last packet completes it. False, with nothing changed, when any check would
+    /// fail: no receive WQE (RNR), a message longer than the WQE, an SGE the region table
+    /// refuses, a bad checksum.
+    fn receive_send_fast(
+        &mut self,
+        frame: &mut [u8],
+        slot: usize,
+        (first, last): (bool, bool),
+        (psn, ack_req): (Psn, bool),
+        payload_at: usize,
+        plen: usize,
+    ) -> bool {
+        let n = frame.len();
+        let total = be16(frame, L3 + 2) as usize;
+        let solicited = frame[BTH + 1] & 0x80 != 0;
+        let Some(qp) = self.qps[slot].as_ref() else {
+            return false;
+        };
+        let mtu = qp.mtu() as usize;
+        let length_ok = match (first, last) {
+            (_, false) => plen == mtu,
+            (false, true) => plen >= 1 && plen <= mtu,
+            (true, true) => plen <= mtu,
+        };
+        if !length_ok {
+            return false;
+        }
+        let (wqe, offset) = match (&qp.resp_msg, first) {
+            (RespMsg::Idle, true) if qp.srq.is_none() => match qp.rq.front() {
+                Some(w) => (w, 0),
+                None => return false,
+            },
+            (RespMsg::Send { wqe, offset }, false) => (wqe, *offset),
+            _ => return false,
+        };
+        if wqe.len < offset + plen as u64
+            || self.dev.mem.check_sges(qp.pd, &wqe.sg_list, true).is_err()
+        {
+            return false;
+        }
+        if !self.frame_sound(frame, total) {
+            return false;
+        }
+        // Every check passed: execute, as the general path does.
+        let Some(qp) = self.qps[slot].as_mut() else {
+            return false;
+        };
+        let c = &mut self.dev.counters;
+        c.rcvd_pkts += 1;
+        c.rcvd_bytes += n as u64;
+        qp.counters.rcvd_pkts += 1;
+        qp.counters.rcvd_bytes += n as u64;
+        let (wqe, offset) = match std::mem::replace(&mut qp.resp_msg, RespMsg::Idle) {
+            RespMsg::Send { wqe, offset } => (wqe, offset),
+            _ => match self.dev.next_recv(qp) {
+                Some(w) => (w, 0),
+                None => unreachable!("the receive queue's front was there a moment ago"),
+            },
+        };
+        let payload = &frame[payload_at..payload_at + plen];
+        // The SGEs were checked whole and the payload fits the WQE: the scatter's own checks
+        // (the same ones, piece by piece) pass.
+        let landed = self.dev.mem.scatter(qp.pd, &wqe.sg_list, offset, payload);
+        debug_assert!(landed.is_ok());
+        let offset = offset + plen as u64;
+        if last {
+            let wc = responder::recv_wc(qp, &wqe, WcStatus::Success, offset as u32);
+            qp.msn = qp.msn.next();
+            self.dev.push_recv_wc(qp.recv_cq, wc, solicited);
+        } else {
+            qp.resp_msg = RespMsg::Send { wqe, offset };
         }
         qp.nak_sent = false;
         qp.epsn = psn.next();
