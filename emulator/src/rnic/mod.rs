@@ -19,7 +19,7 @@
 //! schedule.rs   the transmit scheduler (round robin, bursts) and the timer heap
 //! requester.rs  WQE fetch, segmentation, headers: one request packet per call
 //! receive.rs    receive dispatch: checks, QP lookup, to the completer or the responder
-//! receive_fast.rs  the fast path of an RC RDMA WRITE packet in order (the rest: receive.rs)
+//! receive_fast.rs  the fast path of an RC RDMA WRITE or SEND packet in order (the rest: receive.rs)
 //! responder/    requests in: RC, UC, UD execution; ACK/NAK and read/atomic responses out
 //! completer.rs  responses in: ACK, NAK, read responses, retransmit and RNR timers
 //! cq.rs         completion queues, their notification (req_notify_cq) and asynchronous events
