@@ -280,10 +280,10 @@ fn parse_l3(eth: EthernetRepr, frame: &[u8], l3: usize) -> Result<ParsedFrame<'_
     parse_l3_with(eth, frame, l3, |r| r.copied())
 }
 
-#[inline(always)]
 /// The parse of everything after the Ethernet header, the result handed to `k`: a parsed frame
 /// by reference from where it was built (a `Result` of one, moved out, is a copy of some 300
 /// bytes).
+#[inline(always)]
 fn parse_l3_with<'a, R>(
     eth: EthernetRepr,
     frame: &'a [u8],

@@ -196,6 +196,17 @@ pub struct RethRepr {
 }
 
 impl RethRepr {
+    /// Reads the 16 bytes at the front of `b`; `None` when `b` is shorter.
+    #[inline]
+    fn read(b: &[u8]) -> Option<RethRepr> {
+        let (r, _) = RethHdr::ref_from_prefix(b).ok()?;
+        Some(RethRepr {
+            va: r.va.get(),
+            rkey: RKey(r.rkey.get()),
+            dma_len: r.dma_len.get(),
+        })
+    }
+
     /// Writes the 16 bytes at the front of `buf`, which must hold them.
     #[inline]
     pub fn emit(&self, buf: &mut [u8]) {
@@ -220,6 +231,19 @@ struct AethHdr {
 pub struct AethRepr {
     pub syndrome: Syndrome,
     pub msn: Msn,
+}
+
+impl AethRepr {
+    /// Reads the 4 bytes at the front of `b`; `None` when `b` is shorter.
+    #[inline]
+    fn read(b: &[u8]) -> Option<AethRepr> {
+        let (a, _) = AethHdr::ref_from_prefix(b).ok()?;
+        let w = a.word.get();
+        Some(AethRepr {
+            syndrome: Syndrome((w >> 24) as u8),
+            msn: Msn::new(w),
+        })
+    }
 }
 
 #[derive(Debug, Clone, Copy, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
@@ -308,38 +332,18 @@ impl ExtHeaders {
     #[inline]
     pub(crate) fn parse(info: &OpcodeInfo, b: &[u8]) -> ExtHeaders {
         // The layouts of nearly every packet a connected QP moves, read without the walk.
-        const EXT: u16 = hdr::FETH
-            | hdr::RETH
-            | hdr::ATOMIC_ETH
-            | hdr::DETH
-            | hdr::AETH
-            | hdr::ATOMIC_ACK_ETH
-            | hdr::IMM
-            | hdr::IETH;
-        match info.headers & EXT {
+        match info.headers & hdr::EXT {
             0 => return ExtHeaders::default(),
             hdr::RETH => {
-                if let Ok((r, _)) = RethHdr::ref_from_prefix(b) {
-                    return ExtHeaders {
-                        reth: Some(RethRepr {
-                            va: r.va.get(),
-                            rkey: RKey(r.rkey.get()),
-                            dma_len: r.dma_len.get(),
-                        }),
-                        ..ExtHeaders::default()
-                    };
+                return ExtHeaders {
+                    reth: RethRepr::read(b),
+                    ..ExtHeaders::default()
                 }
             }
             hdr::AETH => {
-                if let Ok((a, _)) = AethHdr::ref_from_prefix(b) {
-                    let w = a.word.get();
-                    return ExtHeaders {
-                        aeth: Some(AethRepr {
-                            syndrome: Syndrome((w >> 24) as u8),
-                            msn: Msn::new(w),
-                        }),
-                        ..ExtHeaders::default()
-                    };
+                return ExtHeaders {
+                    aeth: AethRepr::read(b),
+                    ..ExtHeaders::default()
                 }
             }
             _ => {}
@@ -359,13 +363,7 @@ impl ExtHeaders {
             off += len::FETH;
         }
         if h & hdr::RETH != 0 {
-            if let Ok((r, _)) = RethHdr::ref_from_prefix(&b[off..]) {
-                e.reth = Some(RethRepr {
-                    va: r.va.get(),
-                    rkey: RKey(r.rkey.get()),
-                    dma_len: r.dma_len.get(),
-                });
-            }
+            e.reth = RethRepr::read(&b[off..]);
             off += len::RETH;
         }
         if h & hdr::ATOMIC_ETH != 0 {
@@ -391,13 +389,7 @@ impl ExtHeaders {
             off += len::DETH;
         }
         if h & hdr::AETH != 0 {
-            if let Ok((a, _)) = AethHdr::ref_from_prefix(&b[off..]) {
-                let w = a.word.get();
-                e.aeth = Some(AethRepr {
-                    syndrome: Syndrome((w >> 24) as u8),
-                    msn: Msn::new(w),
-                });
-            }
+            e.aeth = AethRepr::read(&b[off..]);
             off += len::AETH;
         }
         if h & hdr::ATOMIC_ACK_ETH != 0 {
@@ -432,15 +424,7 @@ impl ExtHeaders {
     /// Checks that exactly the headers `info`'s layout needs are present.
     #[inline]
     pub fn check_layout(&self, info: &OpcodeInfo) -> Result<(), crate::BuildError> {
-        const EXT: u16 = hdr::FETH
-            | hdr::RETH
-            | hdr::ATOMIC_ETH
-            | hdr::DETH
-            | hdr::AETH
-            | hdr::ATOMIC_ACK_ETH
-            | hdr::IMM
-            | hdr::IETH;
-        if self.present() == info.headers & EXT {
+        if self.present() == info.headers & hdr::EXT {
             return Ok(());
         }
         self.layout_mismatch(info)

@@ -67,6 +67,8 @@ pub mod hdr {
     pub const PAYLOAD: u16 = 1 << 8;
     /// The 16 reserved bytes of a CNP.
     pub const CNP_RESERVED: u16 = 1 << 9;
+    /// Every extension header's bit (not the payload's, not the CNP's reserved bytes).
+    pub const EXT: u16 = FETH | RETH | ATOMIC_ETH | DETH | AETH | ATOMIC_ACK_ETH | IMM | IETH;
 }
 
 /// Header sizes in bytes (IBTA 9.3).

@@ -157,7 +157,7 @@ impl HeaderTemplate {
         let info = bth.opcode.info();
         let has = (if reth.is_some() { hdr::RETH } else { 0 })
             | (if imm.is_some() { hdr::IMM } else { 0 });
-        if info.headers & EXT_HEADERS != has {
+        if info.headers & hdr::EXT != has {
             let ext = ExtHeaders {
                 reth: reth.copied(),
                 imm,
@@ -251,16 +251,6 @@ impl HeaderTemplate {
         Ok((total, (l3, ihl, v6)))
     }
 }
-
-/// Every extension header's bit.
-const EXT_HEADERS: u16 = hdr::FETH
-    | hdr::RETH
-    | hdr::ATOMIC_ETH
-    | hdr::DETH
-    | hdr::AETH
-    | hdr::ATOMIC_ACK_ETH
-    | hdr::IMM
-    | hdr::IETH;
 
 #[inline]
 fn transport_len(bth: &BthRepr, payload_len: usize) -> usize {
