@@ -214,16 +214,25 @@ impl Rnic {
                 total: msg_len,
             };
         }
-        qp.nak_sent = false;
-        qp.epsn = psn.next();
-        if ack_req {
-            responder::push_ack(&mut self.dev, qp, psn);
+        self.request_done(slot, psn, ack_req);
+        true
+    }
+
+    /// After a request packet executed: the next PSN expected, its ACK queued when asked for,
+    /// the QP's turn on the schedule (as `rc_receive` and `receive_parsed` end).
+    #[inline(always)]
+    fn request_done(&mut self, slot: usize, psn: Psn, ack_req: bool) {
+        if let Some(qp) = self.qps[slot].as_mut() {
+            qp.nak_sent = false;
+            qp.epsn = psn.next();
+            if ack_req {
+                responder::push_ack(&mut self.dev, qp, psn);
+            }
         }
         self.refresh(slot);
         if !self.dev.failed_cqs.is_empty() {
             self.settle_cq_errors();
         }
-        true
     }
 
     /// The IPv4 checksum, then the ICRC (IBTA A17.3.3), computed in place: the frame is left
@@ -319,15 +328,7 @@ impl Rnic {
         } else {
             qp.resp_msg = RespMsg::Send { wqe, offset };
         }
-        qp.nak_sent = false;
-        qp.epsn = psn.next();
-        if ack_req {
-            responder::push_ack(&mut self.dev, qp, psn);
-        }
-        self.refresh(slot);
-        if !self.dev.failed_cqs.is_empty() {
-            self.settle_cq_errors();
-        }
+        self.request_done(slot, psn, ack_req);
         true
     }
 }
