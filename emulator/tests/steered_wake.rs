@@ -205,3 +205,40 @@ fn a_full_ring_waits_for_its_reader_instead_of_dropping() {
     assert_eq!(got.len(), total as usize);
     assert!(got.iter().copied().eq(0..total), "out of order");
 }
+
+/// Nobody reads shard 1's ring: shard 0 waits for room no longer than `PUSH_WAIT` per frame,
+/// then drops it and counts it, and its burst ends (a stuck shard must not stall the others for
+/// ever). The ring's frames stay for shard 1.
+#[test]
+fn a_ring_nobody_reads_drops_after_the_wait() {
+    use rocemu_emulator::port::steered::{PUSH_WAIT, STEER_SLOTS};
+    let (qs, ports) = test_ports();
+    let steering = shard_rnic(0).qpn_steering();
+    let qpn = shard1_qpn(steering);
+    let total = STEER_SLOTS as u32 + 2;
+    qs[0]
+        .0
+        .lock()
+        .unwrap()
+        .extend((0..total).map(|i| roce_frame(qpn, i)));
+    let (ports, _table) = steered(ports, steering);
+    let mut ports = ports.into_iter();
+    let (mut p0, mut p1) = (ports.next().unwrap(), ports.next().unwrap());
+    let t0 = Instant::now();
+    p0.rx_burst(usize::MAX, &mut |_| {
+        panic!("a frame of shard 1's given to shard 0")
+    });
+    let took = t0.elapsed();
+    assert_eq!(p0.stats().rx_dropped, 2, "the two frames past the ring");
+    assert!(took >= 2 * PUSH_WAIT, "gave up after {took:?}");
+    let mut got = Vec::new();
+    while p1.rx_burst(64, &mut |f| {
+        got.push(u32::from_be_bytes(f[54..58].try_into().unwrap()))
+    }) > 0
+    {}
+    assert!(
+        got.iter().copied().eq(0..STEER_SLOTS as u32),
+        "{} frames",
+        got.len()
+    );
+}

@@ -6,7 +6,7 @@
 //! shard 0's). The engine above sees a port that gives it its own shard's frames only.
 //!
 //! Invariants: every frame read is given to exactly one shard's engine, or counted in the
-//! reading shard's `rx_dropped` when the owner's ring stayed full for [`PUSH_TRIES`] yields
+//! reading shard's `rx_dropped` when the owner's ring stayed full for [`PUSH_WAIT`]
 //! (as a NIC's full queue drops; RC retransmits it); rings are bounded, so nothing grows with
 //! a slow thread; a shard waiting for room takes in its own frames meanwhile, so two shards
 //! cannot wait on each other.
@@ -43,9 +43,11 @@ impl WakeTable {
 /// Slots of each ring between two shards.
 pub const STEER_SLOTS: usize = 1024;
 
-/// How many times a shard retries a full ring (yielding the CPU between tries) before it drops
-/// the frame.
-pub const PUSH_TRIES: u32 = 10_000;
+/// How long a shard retries a full ring (yielding the CPU between tries) before it drops the
+/// frame. A time, not a count of yields: on a loaded machine a yield can return at once many
+/// thousand times while the reader waits for a core, and a count then drops frames that a
+/// few milliseconds would have saved.
+pub const PUSH_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// A shard's port, steering the frames it reads to their shards.
 pub struct SteeredPort {
@@ -147,17 +149,22 @@ impl Port for SteeredPort {
                     *dropped += 1;
                     return;
                 };
-                let mut tries = 0;
+                let mut tries = 0u32;
+                let mut since = None;
                 while !t.push(frame) {
                     // Shard s is behind (on a machine with fewer cores than polling threads,
                     // descheduled). Wait for it, boundedly: wake it, take in what it and the
                     // others handed us (two shards full of each other's frames must not wait
                     // on each other) and give it the CPU.
-                    if tries == PUSH_TRIES {
-                        *dropped += 1;
-                        return;
+                    // The clock is read once every 64 tries: a yield costs far less than that.
+                    if tries % 64 == 0 {
+                        let now = std::time::Instant::now();
+                        if now.duration_since(*since.get_or_insert(now)) >= PUSH_WAIT {
+                            *dropped += 1;
+                            return;
+                        }
                     }
-                    tries += 1;
+                    tries = tries.wrapping_add(1);
                     wake.ring(s);
                     for rx in from.iter_mut() {
                         while rx.pop_with(&mut *f).is_some() {
