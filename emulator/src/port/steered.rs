@@ -157,7 +157,7 @@ impl Port for SteeredPort {
                     // others handed us (two shards full of each other's frames must not wait
                     // on each other) and give it the CPU.
                     // The clock is read once every 64 tries: a yield costs far less than that.
-                    if tries % 64 == 0 {
+                    if tries.is_multiple_of(64) {
                         let now = std::time::Instant::now();
                         if now.duration_since(*since.get_or_insert(now)) >= PUSH_WAIT {
                             *dropped += 1;
