@@ -10,6 +10,15 @@
 //!
 //! The masked headers (at most 88 bytes) are assembled in a stack buffer; the rest of the packet
 //! is fed to crc32fast straight from the frame, never copied.
+//!
+//! On x86-64 with PCLMULQDQ the CRC is this module's own carry-less-multiply fold (`fold`): the
+//! masked head is ORed in registers as it is loaded, so nothing is written to the frame or the
+//! stack before the CRC reads it (a 16-byte load of bytes just stored piecewise waits for the
+//! stores to retire: that stall, not the arithmetic, was most of a short packet's ICRC), and there
+//! is no hasher to make, dispatch or finalize. A packet of [`FOLD_MAX`] bytes or more is folded so
+//! up to where whole 256-byte rounds remain, which crc32fast then hashes with its widest fold
+//! (AVX-512 where the CPU has it). Without PCLMULQDQ, crc32fast hashes the packet masked in
+//! place.
 use crc32fast::Hasher;
 
 /// A fresh CRC-32 hasher. crc32fast picks its kernel by CPU feature detection each time a
@@ -96,6 +105,17 @@ pub fn compute(datagram: &[u8], ip_header_len: usize, ipv6: bool) -> u32 {
         (true, 40) => (V6_HEAD, &V6_MASK),
         _ => return compute_generic(datagram, ip_header_len, ipv6),
     };
+    #[cfg(target_arch = "x86_64")]
+    {
+        let crc = if ipv6 {
+            fold::masked(datagram, &V6_MASK)
+        } else {
+            fold::masked(datagram, &V4_MASK)
+        };
+        if let Some(crc) = crc {
+            return crc;
+        }
+    }
     let from = head - 8; // datagram bytes in the head
     let mut buf = [0u8; 64];
     // Chunk 0 starts 8 bytes before the datagram: its first 8 bytes are all ones anyway.
@@ -171,6 +191,12 @@ fn masked_in_place<const N: usize>(
     mask: &[[u8; 16]; N],
     end: usize,
 ) -> u32 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if let Some(crc) = fold::masked(&frame[base + 8..end - 4], mask) {
+            return crc;
+        }
+    }
     let mut saved = [[0u8; 16]; N];
     for (i, m) in mask.iter().enumerate() {
         let at = base + i * 16;
@@ -187,6 +213,180 @@ fn masked_in_place<const N: usize>(
         frame[at..at + 16].copy_from_slice(v);
     }
     crc
+}
+
+/// Packets (from the LRH stand-in to the ICRC, exclusive) shorter than this are hashed by
+/// `fold` alone; longer ones by `fold` up to the end of the masked head, then crc32fast.
+pub const FOLD_MAX: usize = 256;
+
+/// CRC-32 by carry-less multiplication over 16-byte blocks, for short packets: the folding
+/// of Gopal et al., "Fast CRC computation for generic polynomials using PCLMULQDQ" (Intel, 2009),
+/// with its bit-reflected constants for the zlib polynomial (the ones crc32fast uses, whose
+/// fold by four and `reduce_128_to_crc` this follows).
+///
+/// The crate's one module with `unsafe`: calling the kernel compiled for those CPU features after
+/// checking that the CPU has them, and the unaligned 16-byte load of a bounds-checked slice.
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+mod fold {
+    use core::arch::x86_64 as a;
+    use std::sync::atomic::{AtomicU8, Ordering};
+
+    /// x^(512+32) mod P and x^(512-32) mod P, reflected: a 512-bit fold (four streams).
+    const K1: i64 = 0x154442bd4;
+    const K2: i64 = 0x1c6e41596;
+    /// x^(128+32) mod P and x^(128-32) mod P, reflected: one 128-bit fold.
+    const K3: i64 = 0x1751997d0;
+    const K4: i64 = 0x0ccaa009e;
+    /// x^64 mod P, reflected: 96 bits to 64.
+    const K5: i64 = 0x163cd6124;
+    /// P(x) and floor(x^64 / P(x)), reflected: the Barrett reduction.
+    const P_X: i64 = 0x1DB710641;
+    const U_PRIME: i64 = 0x1F7011641;
+
+    /// Whether the CPU has what `kernel` is compiled for (PCLMULQDQ, SSE4.1, SSSE3): asked once,
+    /// then one load.
+    #[inline]
+    fn available() -> bool {
+        static HAS: AtomicU8 = AtomicU8::new(0);
+        match HAS.load(Ordering::Relaxed) {
+            1 => true,
+            2 => false,
+            _ => {
+                let has = std::is_x86_feature_detected!("pclmulqdq")
+                    && std::is_x86_feature_detected!("sse4.1")
+                    && std::is_x86_feature_detected!("ssse3");
+                HAS.store(if has { 1 } else { 2 }, Ordering::Relaxed);
+                has
+            }
+        }
+    }
+
+    /// The CRC-32 (zlib: initial ones, final complement) of eight 0xFF bytes (the LRH stand-in)
+    /// and then the datagram `dg`, its first `16 * N` bytes (the stand-in's included) ORed with
+    /// `mask`; `None` on a CPU without PCLMULQDQ. Panics if `N < 3` or `dg` is shorter than the
+    /// masked head. A packet of [`FOLD_MAX`](super::FOLD_MAX) bytes or more is hashed here up to
+    /// the end of its masked head only, and on by crc32fast from that CRC (its wider folds,
+    /// AVX-512 where the CPU has it, are what a long packet needs).
+    #[inline]
+    pub(super) fn masked<const N: usize>(dg: &[u8], mask: &[[u8; 16]; N]) -> Option<u32> {
+        assert!(N >= 3 && dg.len() + 8 >= 16 * N);
+        if !available() {
+            return None;
+        }
+        if dg.len() + 8 < super::FOLD_MAX {
+            // SAFETY: `kernel` needs only the CPU features `available` has just checked.
+            return Some(unsafe { kernel(dg, mask) });
+        }
+        // The head ends where the rest is whole 256-byte rounds of crc32fast's widest fold.
+        let (head, rest) = dg.split_at(16 * N - 8 + (dg.len() + 8 - 16 * N) % 256);
+        // SAFETY: as above.
+        let mut h = crc32fast::Hasher::new_with_initial(unsafe { kernel(head, mask) });
+        h.update(rest);
+        Some(h.finalize())
+    }
+
+    #[target_feature(
+        enable = "pclmulqdq",
+        enable = "sse2",
+        enable = "sse4.1",
+        enable = "ssse3"
+    )]
+    fn kernel<const N: usize>(dg: &[u8], mask: &[[u8; 16]; N]) -> u32 {
+        let k3k4 = a::_mm_set_epi64x(K4, K3);
+        // Block i (i >= 1) of the packet: dg from 16 i - 8, masked while i < N.
+        let block = |i: usize| {
+            let b = load(&dg[i * 16 - 8..]);
+            match mask.get(i) {
+                Some(m) => a::_mm_or_si128(b, load(m)),
+                None => b,
+            }
+        };
+        let len = dg.len() + 8;
+        let blocks = len / 16;
+        // Block 0: eight bytes of ones, then dg's first eight, put together in a register (a
+        // 16-byte load of bytes just stored piecewise would wait for the stores to retire).
+        // SAFETY: dg has at least 8 bytes (the assert in `masked`); the load needs no alignment.
+        let first = unsafe { a::_mm_loadl_epi64(dg[..8].as_ptr().cast()) };
+        let b0 = a::_mm_or_si128(
+            a::_mm_unpacklo_epi64(a::_mm_set1_epi8(-1), first),
+            load(&mask[0]),
+        );
+        let mut x = a::_mm_xor_si128(b0, a::_mm_cvtsi32_si128(-1));
+        let mut i = 1;
+        if blocks >= 8 {
+            // Four streams (block i into stream i mod 4), each folded 512 bits forward, so that
+            // the folds of a round do not wait on each other; then one 128-bit fold apiece
+            // brings them together.
+            let k1k2 = a::_mm_set_epi64x(K2, K1);
+            let (mut x1, mut x2, mut x3) = (block(1), block(2), block(3));
+            i = 4;
+            while blocks - i >= 4 {
+                x = fold16(x, block(i), k1k2);
+                x1 = fold16(x1, block(i + 1), k1k2);
+                x2 = fold16(x2, block(i + 2), k1k2);
+                x3 = fold16(x3, block(i + 3), k1k2);
+                i += 4;
+            }
+            x = fold16(x, x1, k3k4);
+            x = fold16(x, x2, k3k4);
+            x = fold16(x, x3, k3k4);
+        }
+        while i < blocks {
+            x = fold16(x, block(i), k3k4);
+            i += 1;
+        }
+        let n = len % 16;
+        if n > 0 {
+            // The last n (1..=15) bytes: x moves down by n bytes, its low n bytes (shifted
+            // out) are folded over the vacated top, where the n new bytes go — read as the
+            // top of dg's last 16 bytes (dg holds at least 40), the bytes before them zeroed.
+            let seq = a::_mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+            let shl = a::_mm_add_epi8(seq, a::_mm_set1_epi8(n as i8 - 16));
+            let high = a::_mm_set1_epi8(-128);
+            let shr = a::_mm_xor_si128(shl, high);
+            let keep_top = a::_mm_or_si128(seq, a::_mm_and_si128(shl, high));
+            let out = a::_mm_shuffle_epi8(x, shl);
+            let last = a::_mm_shuffle_epi8(load(&dg[dg.len() - 16..]), keep_top);
+            x = fold16(
+                out,
+                a::_mm_xor_si128(a::_mm_shuffle_epi8(x, shr), last),
+                k3k4,
+            );
+        }
+        // 128 bits to 96, to 64 (K4, K5), then Barrett to 32.
+        let lo32 = a::_mm_set_epi32(0, 0, 0, -1);
+        let x = a::_mm_xor_si128(
+            a::_mm_clmulepi64_si128(x, k3k4, 0x10),
+            a::_mm_srli_si128(x, 8),
+        );
+        let x = a::_mm_xor_si128(
+            a::_mm_clmulepi64_si128(a::_mm_and_si128(x, lo32), a::_mm_set_epi64x(0, K5), 0x00),
+            a::_mm_srli_si128(x, 4),
+        );
+        let pu = a::_mm_set_epi64x(U_PRIME, P_X);
+        let t1 = a::_mm_clmulepi64_si128(a::_mm_and_si128(x, lo32), pu, 0x10);
+        let t2 = a::_mm_clmulepi64_si128(a::_mm_and_si128(t1, lo32), pu, 0x00);
+        !(a::_mm_extract_epi32(a::_mm_xor_si128(x, t2), 1) as u32)
+    }
+
+    /// The first 16 bytes of `b` (bounds-checked).
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    fn load(b: &[u8]) -> a::__m128i {
+        let b = &b[..16];
+        // SAFETY: 16 readable bytes; the load needs no alignment.
+        unsafe { a::_mm_loadu_si128(b.as_ptr().cast()) }
+    }
+
+    /// x folded 128 bits forward onto b.
+    #[inline]
+    #[target_feature(enable = "pclmulqdq", enable = "sse2")]
+    fn fold16(x: a::__m128i, b: a::__m128i, k: a::__m128i) -> a::__m128i {
+        let lo = a::_mm_clmulepi64_si128(x, k, 0x00);
+        let hi = a::_mm_clmulepi64_si128(x, k, 0x11);
+        a::_mm_xor_si128(a::_mm_xor_si128(b, lo), hi)
+    }
 }
 
 /// The wire bytes of an ICRC value.
@@ -236,6 +436,56 @@ mod tests {
         assert_eq!(compute(&d, 28, false), reference(&d, 28, false));
         d[0] = 0x6a;
         assert_eq!(compute(&d, 40, true), reference(&d, 40, true));
+    }
+
+    proptest::proptest! {
+        /// Every datagram length either side of `FOLD_MAX` (the short kernel and crc32fast),
+        /// IPv4 with and without options and IPv6, any bytes: both entry points give the
+        /// copy-and-mask reference's CRC, and the in-place one leaves the frame as it was.
+        #[test]
+        fn both_kernels_match_the_reference(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 48..600),
+            kind in 0usize..3,
+            lead in 8usize..24,
+        ) {
+            let (ihl, v6, first) = [(20, false, 0x45u8), (28, false, 0x47), (40, true, 0x6a)][kind];
+            proptest::prop_assume!(bytes.len() >= ihl + UDP_LEN + BTH_LEN + 4);
+            let mut d = bytes.clone();
+            d[0] = first;
+            let want = reference(&d[..d.len() - 4], ihl, v6);
+            proptest::prop_assert_eq!(compute(&d[..d.len() - 4], ihl, v6), want);
+            // The same datagram after `lead` bytes of a frame, in place.
+            let mut f = vec![0x5au8; lead];
+            f.extend_from_slice(&d);
+            let before = f.clone();
+            let end = f.len();
+            proptest::prop_assert_eq!(compute_in_place(&mut f, lead, ihl, v6, end), want);
+            proptest::prop_assert_eq!(f, before);
+        }
+    }
+
+    /// Every length of the short kernel, one by one (the partial last block takes 1..=15 bytes).
+    #[test]
+    fn every_short_length_matches() {
+        for len in 40..FOLD_MAX + 20 {
+            let mut d: Vec<u8> = (0..len as u32)
+                .map(|i| (i * 131 + len as u32) as u8)
+                .collect();
+            d[0] = 0x45;
+            assert_eq!(
+                compute(&d, 20, false),
+                reference(&d, 20, false),
+                "IPv4, {len} bytes"
+            );
+            d[0] = 0x6a;
+            if len >= 60 {
+                assert_eq!(
+                    compute(&d, 40, true),
+                    reference(&d, 40, true),
+                    "IPv6, {len} bytes"
+                );
+            }
+        }
     }
 
     #[test]
