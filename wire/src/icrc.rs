@@ -11,14 +11,14 @@
 //! The masked headers (at most 88 bytes) are assembled in a stack buffer; the rest of the packet
 //! is fed to crc32fast straight from the frame, never copied.
 //!
-//! On x86-64 with PCLMULQDQ the CRC is this module's own carry-less-multiply fold (`fold`): the
-//! masked head is ORed in registers as it is loaded, so nothing is written to the frame or the
-//! stack before the CRC reads it (a 16-byte load of bytes just stored piecewise waits for the
-//! stores to retire: that stall, not the arithmetic, was most of a short packet's ICRC), and there
-//! is no hasher to make, dispatch or finalize. A packet of [`FOLD_MAX`] bytes or more is folded so
-//! up to where whole 256-byte rounds remain, which crc32fast then hashes with its widest fold
-//! (AVX-512 where the CPU has it). Without PCLMULQDQ, crc32fast hashes the packet masked in
-//! place.
+//! On x86-64 with PCLMULQDQ a packet shorter than [`FOLD_MAX`] bytes (every ACK, a 64-byte WRITE
+//! or SEND) is hashed by this module's own carry-less-multiply fold (`fold`): the masked head is
+//! ORed in registers as it is loaded, so nothing is written to the frame or the stack before the
+//! CRC reads it (a 16-byte load of bytes just stored piecewise waits for the stores to retire:
+//! that stall, not the arithmetic, was most of a short packet's ICRC), and there is no hasher to
+//! make, dispatch or finalize. A longer packet is masked in place in whole 16-byte stores and
+//! hashed by crc32fast in one call (its wider folds, AVX-512 where the CPU has it, are what a long
+//! packet needs), as is every packet on a CPU without PCLMULQDQ.
 use crc32fast::Hasher;
 
 /// A fresh CRC-32 hasher. crc32fast picks its kernel by CPU feature detection each time a
@@ -201,8 +201,13 @@ fn masked_in_place<const N: usize>(
     for (i, m) in mask.iter().enumerate() {
         let at = base + i * 16;
         saved[i].copy_from_slice(&frame[at..at + 16]);
-        let v = or16(frame, at, m);
-        frame[at..at + 16].copy_from_slice(&v);
+        #[cfg(target_arch = "x86_64")]
+        fold::or_in_place(&mut frame[at..at + 16], m);
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let v = or16(frame, at, m);
+            frame[at..at + 16].copy_from_slice(&v);
+        }
     }
     debug_assert!(base + head <= end - 4);
     let mut h = hasher();
@@ -216,16 +221,18 @@ fn masked_in_place<const N: usize>(
 }
 
 /// Packets (from the LRH stand-in to the ICRC, exclusive) shorter than this are hashed by
-/// `fold` alone; longer ones by `fold` up to the end of the masked head, then crc32fast.
+/// `fold`; longer ones by crc32fast, masked in place.
 pub const FOLD_MAX: usize = 256;
 
-/// CRC-32 by carry-less multiplication over 16-byte blocks, for short packets: the folding
+/// CRC-32 by carry-less multiplication over 16-byte blocks, for short packets (and the masked
+/// head's 16-byte stores for long ones): the folding
 /// of Gopal et al., "Fast CRC computation for generic polynomials using PCLMULQDQ" (Intel, 2009),
 /// with its bit-reflected constants for the zlib polynomial (the ones crc32fast uses, whose
 /// fold by four and `reduce_128_to_crc` this follows).
 ///
 /// The crate's one module with `unsafe`: calling the kernel compiled for those CPU features after
-/// checking that the CPU has them, and the unaligned 16-byte load of a bounds-checked slice.
+/// checking that the CPU has them, and unaligned 16-byte loads and stores of bounds-checked
+/// slices.
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
 mod fold {
@@ -264,26 +271,30 @@ mod fold {
 
     /// The CRC-32 (zlib: initial ones, final complement) of eight 0xFF bytes (the LRH stand-in)
     /// and then the datagram `dg`, its first `16 * N` bytes (the stand-in's included) ORed with
-    /// `mask`; `None` on a CPU without PCLMULQDQ. Panics if `N < 3` or `dg` is shorter than the
-    /// masked head. A packet of [`FOLD_MAX`](super::FOLD_MAX) bytes or more is hashed here up to
-    /// the end of its masked head only, and on by crc32fast from that CRC (its wider folds,
-    /// AVX-512 where the CPU has it, are what a long packet needs).
+    /// `mask`; `None` on a CPU without PCLMULQDQ or for a packet of [`FOLD_MAX`](super::FOLD_MAX)
+    /// bytes or more (crc32fast's wider folds, AVX-512 where the CPU has it, are what a long
+    /// packet needs). Panics if `N < 3` or `dg` is shorter than the masked head.
     #[inline]
     pub(super) fn masked<const N: usize>(dg: &[u8], mask: &[[u8; 16]; N]) -> Option<u32> {
         assert!(N >= 3 && dg.len() + 8 >= 16 * N);
         if !available() {
             return None;
         }
-        if dg.len() + 8 < super::FOLD_MAX {
-            // SAFETY: `kernel` needs only the CPU features `available` has just checked.
-            return Some(unsafe { kernel(dg, mask) });
+        // SAFETY: `kernel` needs only the CPU features `available` has just checked.
+        (dg.len() + 8 < super::FOLD_MAX).then(|| unsafe { kernel(dg, mask) })
+    }
+
+    /// `chunk` (16 bytes) ORed with `m` in one 16-byte store: written as bytes, the mask's
+    /// constant bytes became single-byte stores, and crc32fast's wide loads of them then waited
+    /// for the stores to retire.
+    #[inline]
+    pub(super) fn or_in_place(chunk: &mut [u8], m: &[u8; 16]) {
+        let chunk = &mut chunk[..16];
+        // SAFETY: SSE2 is part of x86-64; 16 bytes readable and writable, no alignment needed.
+        unsafe {
+            let v = a::_mm_or_si128(a::_mm_loadu_si128(chunk.as_ptr().cast()), load(m));
+            a::_mm_storeu_si128(chunk.as_mut_ptr().cast(), v);
         }
-        // The head ends where the rest is whole 256-byte rounds of crc32fast's widest fold.
-        let (head, rest) = dg.split_at(16 * N - 8 + (dg.len() + 8 - 16 * N) % 256);
-        // SAFETY: as above.
-        let mut h = crc32fast::Hasher::new_with_initial(unsafe { kernel(head, mask) });
-        h.update(rest);
-        Some(h.finalize())
     }
 
     #[target_feature(
