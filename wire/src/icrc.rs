@@ -192,10 +192,8 @@ fn masked_in_place<const N: usize>(
     end: usize,
 ) -> u32 {
     #[cfg(target_arch = "x86_64")]
-    {
-        if let Some(crc) = fold::masked(&frame[base + 8..end - 4], mask) {
-            return crc;
-        }
+    if let Some(crc) = fold::masked(&frame[base + 8..end - 4], mask) {
+        return crc;
     }
     let mut saved = [[0u8; 16]; N];
     for (i, m) in mask.iter().enumerate() {
@@ -274,14 +272,14 @@ mod fold {
     /// `mask`; `None` on a CPU without PCLMULQDQ or for a packet of [`FOLD_MAX`](super::FOLD_MAX)
     /// bytes or more (crc32fast's wider folds, AVX-512 where the CPU has it, are what a long
     /// packet needs). Panics if `N < 3` or `dg` is shorter than the masked head.
-    #[inline]
+    #[inline(always)] // a long packet then pays one comparison, not a call
     pub(super) fn masked<const N: usize>(dg: &[u8], mask: &[[u8; 16]; N]) -> Option<u32> {
-        assert!(N >= 3 && dg.len() + 8 >= 16 * N);
-        if !available() {
+        if dg.len() + 8 >= super::FOLD_MAX || !available() {
             return None;
         }
+        assert!(N >= 3 && dg.len() + 8 >= 16 * N);
         // SAFETY: `kernel` needs only the CPU features `available` has just checked.
-        (dg.len() + 8 < super::FOLD_MAX).then(|| unsafe { kernel(dg, mask) })
+        Some(unsafe { kernel(dg, mask) })
     }
 
     /// `chunk` (16 bytes) ORed with `m` in one 16-byte store: written as bytes, the mask's
