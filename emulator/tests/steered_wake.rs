@@ -4,7 +4,7 @@
 //! end of its nap. Without the doorbell the frame would wait for the nap (the test then fails).
 //! And a shard that finds another's ring full waits for room rather than dropping.
 use rocemu_emulator::engine::{Engine, IdleStrategy};
-use rocemu_emulator::port::steered::steered;
+use rocemu_emulator::port::steered::{steered, SteeredPort};
 use rocemu_emulator::port::{Port, PortStats};
 use rocemu_emulator::rnic::{QpnSteering, Rnic, RnicConfig, Shard};
 use rocemu_wire::eth::Mac;
@@ -167,16 +167,11 @@ fn a_sleeping_shard_is_woken_for_a_frame_steered_to_it() {
     assert!(took < Duration::from_millis(100), "took {took:?}");
 }
 
-/// Shard 0 reads three rings' worth of frames for shard 1 at once while shard 1 takes them in
-/// slowly: shard 0 waits for room rather than dropping, and every frame arrives once, in order.
-/// (Before, the 1,025th frame and all after it in the burst were dropped.)
-#[test]
-fn a_full_ring_waits_for_its_reader_instead_of_dropping() {
-    use rocemu_emulator::port::steered::STEER_SLOTS;
+/// Two shards' steered ports, shard 0's fed `total` frames for a QP of shard 1 (numbered 0..).
+fn fed_pair(total: u32) -> (SteeredPort, SteeredPort) {
     let (qs, ports) = test_ports();
     let steering = shard_rnic(0).qpn_steering();
     let qpn = shard1_qpn(steering);
-    let total = 3 * STEER_SLOTS as u32;
     qs[0]
         .0
         .lock()
@@ -184,7 +179,17 @@ fn a_full_ring_waits_for_its_reader_instead_of_dropping() {
         .extend((0..total).map(|i| roce_frame(qpn, i)));
     let (ports, _table) = steered(ports, steering);
     let mut ports = ports.into_iter();
-    let (mut p0, mut p1) = (ports.next().unwrap(), ports.next().unwrap());
+    (ports.next().unwrap(), ports.next().unwrap())
+}
+
+/// Shard 0 reads three rings' worth of frames for shard 1 at once while shard 1 takes them in
+/// slowly: shard 0 waits for room rather than dropping, and every frame arrives once, in order.
+/// (Before, the 1,025th frame and all after it in the burst were dropped.)
+#[test]
+fn a_full_ring_waits_for_its_reader_instead_of_dropping() {
+    use rocemu_emulator::port::steered::STEER_SLOTS;
+    let total = 3 * STEER_SLOTS as u32;
+    let (mut p0, mut p1) = fed_pair(total);
     let reader = std::thread::spawn(move || {
         let mut got = Vec::new();
         let until = Instant::now() + Duration::from_secs(30);
@@ -212,18 +217,7 @@ fn a_full_ring_waits_for_its_reader_instead_of_dropping() {
 #[test]
 fn a_ring_nobody_reads_drops_after_the_wait() {
     use rocemu_emulator::port::steered::{PUSH_WAIT, STEER_SLOTS};
-    let (qs, ports) = test_ports();
-    let steering = shard_rnic(0).qpn_steering();
-    let qpn = shard1_qpn(steering);
-    let total = STEER_SLOTS as u32 + 2;
-    qs[0]
-        .0
-        .lock()
-        .unwrap()
-        .extend((0..total).map(|i| roce_frame(qpn, i)));
-    let (ports, _table) = steered(ports, steering);
-    let mut ports = ports.into_iter();
-    let (mut p0, mut p1) = (ports.next().unwrap(), ports.next().unwrap());
+    let (mut p0, mut p1) = fed_pair(STEER_SLOTS as u32 + 2);
     let t0 = Instant::now();
     p0.rx_burst(usize::MAX, &mut |_| {
         panic!("a frame of shard 1's given to shard 0")
