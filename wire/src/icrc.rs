@@ -100,21 +100,22 @@ fn or16(b: &[u8], at: usize, m: &[u8; 16]) -> [u8; 16] {
 /// stack — whole-chunk stores, so that the CRC's 16-byte loads forward from them — and the rest
 /// is hashed straight from the packet.
 pub fn compute(datagram: &[u8], ip_header_len: usize, ipv6: bool) -> u32 {
-    let (head, mask): (usize, &[[u8; 16]]) = match (ipv6, ip_header_len) {
-        (false, 20) => (V4_HEAD, &V4_MASK),
-        (true, 40) => (V6_HEAD, &V6_MASK),
-        _ => return compute_generic(datagram, ip_header_len, ipv6),
-    };
+    match (ipv6, ip_header_len) {
+        (false, 20) => masked_copy(datagram, V4_HEAD, &V4_MASK),
+        (true, 40) => masked_copy(datagram, V6_HEAD, &V6_MASK),
+        _ => compute_generic(datagram, ip_header_len, ipv6),
+    }
+}
+
+/// The CRC of the LRH stand-in and `datagram`, its first `N` 16-byte chunks (of which `head`
+/// bytes carry masked fields) ORed with `mask`: by `fold` for a short packet, else the masked
+/// head assembled on the stack and crc32fast over it and the rest. The chunk count is a
+/// constant, so that the loops unroll.
+#[inline(always)]
+fn masked_copy<const N: usize>(datagram: &[u8], head: usize, mask: &[[u8; 16]; N]) -> u32 {
     #[cfg(target_arch = "x86_64")]
-    {
-        let crc = if ipv6 {
-            fold::masked(datagram, &V6_MASK)
-        } else {
-            fold::masked(datagram, &V4_MASK)
-        };
-        if let Some(crc) = crc {
-            return crc;
-        }
+    if let Some(crc) = fold::masked(datagram, mask) {
+        return crc;
     }
     let from = head - 8; // datagram bytes in the head
     let mut buf = [0u8; 64];
