@@ -139,10 +139,7 @@ impl Rnic {
                 Some(_) => {}
             }
         }
-        c.rcvd_pkts += 1;
-        c.rcvd_bytes += len as u64;
-        qp.counters.rcvd_pkts += 1;
-        qp.counters.rcvd_bytes += len as u64;
+        count_rcvd(c, qp, len);
         if ce && self.dev.cfg.cc.np {
             cc::qp::note_ce(&self.dev, qp, now, pkt);
         }
@@ -199,4 +196,14 @@ fn transport_matches(t: QpType, tr: Transport) -> bool {
         (t, tr),
         (QpType::Rc, Transport::Rc) | (QpType::Uc, Transport::Uc) | (QpType::Ud, Transport::Ud)
     )
+}
+
+/// A packet taken in for a QP (past every drop check): the device's and the QP's receive
+/// counters, as rxe's `rcvd_pkts` and the bytes of the frame.
+#[inline]
+pub(super) fn count_rcvd(c: &mut super::device::Counters, qp: &mut super::qp::Qp, len: usize) {
+    c.rcvd_pkts += 1;
+    c.rcvd_bytes += len as u64;
+    qp.counters.rcvd_pkts += 1;
+    qp.counters.rcvd_bytes += len as u64;
 }

@@ -14,9 +14,11 @@
 //! either way: `emulator/tests/fast_path.rs` runs a lossy random workload with the fast paths
 //! (`RnicConfig::fast_path`) and without, and compares them.
 use super::qp::RespMsg;
+use super::receive::count_rcvd;
 use super::verbs::*;
 use super::{responder, Rnic};
 use crate::time::Nanos;
+use rocemu_wire::opcode::Position;
 use rocemu_wire::{icrc, PKey, Psn, Qpn, ROCEV2_UDP_PORT};
 use std::net::{IpAddr, Ipv4Addr};
 
@@ -74,17 +76,18 @@ impl Rnic {
         }
         // The BTH: an RC SEND or RDMA WRITE without immediate data, TVer 0, the default
         // partition.
-        let (send, has_reth, first, last) = match f[BTH] {
-            0x00 => (true, false, true, false),   // SEND FIRST
-            0x01 => (true, false, false, false),  // SEND MIDDLE
-            0x02 => (true, false, false, true),   // SEND LAST
-            0x04 => (true, false, true, true),    // SEND ONLY
-            0x06 => (false, true, true, false),   // WRITE FIRST
-            0x07 => (false, false, false, false), // WRITE MIDDLE
-            0x08 => (false, false, false, true),  // WRITE LAST
-            0x0a => (false, true, true, true),    // WRITE ONLY
+        let (send, has_reth, position) = match f[BTH] {
+            0x00 => (true, false, Position::First),   // SEND FIRST
+            0x01 => (true, false, Position::Middle),  // SEND MIDDLE
+            0x02 => (true, false, Position::Last),    // SEND LAST
+            0x04 => (true, false, Position::Only),    // SEND ONLY
+            0x06 => (false, true, Position::First),   // WRITE FIRST
+            0x07 => (false, false, Position::Middle), // WRITE MIDDLE
+            0x08 => (false, false, Position::Last),   // WRITE LAST
+            0x0a => (false, true, Position::Only),    // WRITE ONLY
             _ => return false,
         };
+        let (first, last) = (position.is_first(), position.is_last());
         let flags = f[BTH + 1];
         if flags & 0x0f != 0 || !PKey(be16(f, BTH + 2)).matches(PKey::DEFAULT) {
             return false;
@@ -126,10 +129,9 @@ impl Rnic {
             return self.receive_send_fast(
                 frame,
                 slot,
-                (first, last),
+                position,
                 (psn, ack_req),
-                payload_at,
-                plen,
+                (total, payload_at, plen),
             );
         }
         if !qp.attr.qp_access_flags.contains(Access::REMOTE_WRITE) {
@@ -137,7 +139,6 @@ impl Rnic {
         }
         // The write: a new one (FIRST, ONLY) with none in progress, or the one in progress;
         // lengths as the position needs (C9-92) and within what the RETH asked for (C9-95).
-        let mtu = qp.mtu() as usize;
         let (rkey, va, remaining, msg_len) = match (&qp.resp_msg, first) {
             (RespMsg::Idle, true) => {
                 let len = be32(f, RETH + 12) as u64;
@@ -159,13 +160,11 @@ impl Rnic {
             ) => (*rkey, *va, *remaining, *total),
             _ => return false,
         };
-        let length_ok = match (first, last) {
-            (false, false) | (true, false) => plen == mtu,
-            (false, true) => plen >= 1 && plen <= mtu,
-            (true, true) => plen <= mtu,
-        };
         let p = plen as u64;
-        if !length_ok || p > remaining || (last && p != remaining) {
+        if !responder::length_ok_at(position, p, qp.mtu())
+            || p > remaining
+            || (last && p != remaining)
+        {
             return false;
         }
         // R_Key, protection domain, permission and bounds (the whole message at its first
@@ -190,14 +189,10 @@ impl Rnic {
         let Some(qp) = self.qps[slot].as_mut() else {
             return false;
         };
-        let c = &mut self.dev.counters;
-        c.rcvd_pkts += 1;
-        c.rcvd_bytes += n as u64;
+        count_rcvd(&mut self.dev.counters, qp, n);
         if first {
-            c.rx_write_requests += 1;
+            self.dev.counters.rx_write_requests += 1;
         }
-        qp.counters.rcvd_pkts += 1;
-        qp.counters.rcvd_bytes += n as u64;
         if let (Some((mr, off)), true) = (target, plen > 0) {
             if let Some(m) = self.dev.mem.mrs[mr].as_mut() {
                 m.data.write(off, payload);
@@ -263,24 +258,17 @@ impl Rnic {
         &mut self,
         frame: &mut [u8],
         slot: usize,
-        (first, last): (bool, bool),
+        position: Position,
         (psn, ack_req): (Psn, bool),
-        payload_at: usize,
-        plen: usize,
+        (total, payload_at, plen): (usize, usize, usize),
     ) -> bool {
+        let (first, last) = (position.is_first(), position.is_last());
         let n = frame.len();
-        let total = be16(frame, L3 + 2) as usize;
         let solicited = frame[BTH + 1] & 0x80 != 0;
         let Some(qp) = self.qps[slot].as_ref() else {
             return false;
         };
-        let mtu = qp.mtu() as usize;
-        let length_ok = match (first, last) {
-            (_, false) => plen == mtu,
-            (false, true) => plen >= 1 && plen <= mtu,
-            (true, true) => plen <= mtu,
-        };
-        if !length_ok {
+        if !responder::length_ok_at(position, plen as u64, qp.mtu()) {
             return false;
         }
         let (wqe, offset) = match (&qp.resp_msg, first) {
@@ -303,11 +291,7 @@ impl Rnic {
         let Some(qp) = self.qps[slot].as_mut() else {
             return false;
         };
-        let c = &mut self.dev.counters;
-        c.rcvd_pkts += 1;
-        c.rcvd_bytes += n as u64;
-        qp.counters.rcvd_pkts += 1;
-        qp.counters.rcvd_bytes += n as u64;
+        count_rcvd(&mut self.dev.counters, qp, n);
         let (wqe, offset) = match std::mem::replace(&mut qp.resp_msg, RespMsg::Idle) {
             RespMsg::Send { wqe, offset } => (wqe, offset),
             _ => match self.dev.next_recv(qp) {

@@ -63,7 +63,14 @@ pub(super) fn in_sequence(msg: &RespMsg, info: &OpcodeInfo) -> bool {
 /// Packet lengths (IBTA 9.7.4.1.6 in 1.5, C9-92 as rxe numbers it): FIRST and MIDDLE carry exactly
 /// one path MTU, LAST 1 … MTU bytes, ONLY at most the MTU.
 pub(super) fn length_ok(info: &OpcodeInfo, plen: u64, mtu: u64) -> bool {
-    match info.position {
+    length_ok_at(info.position, plen, mtu)
+}
+
+/// [`length_ok`] by the packet's position alone (the receive fast path knows it from its own
+/// opcode match).
+#[inline]
+pub(crate) fn length_ok_at(position: Position, plen: u64, mtu: u64) -> bool {
+    match position {
         Position::First | Position::Middle => plen == mtu,
         Position::Last => plen >= 1 && plen <= mtu,
         Position::Only => plen <= mtu,
