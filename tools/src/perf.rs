@@ -136,29 +136,38 @@ pub struct LimitKernel {
     frame: PageBuf,
     dst: PageBuf,
     mtu: usize,
+    /// Bytes of `src` and `dst` the chunks walk (a multiple of `mtu`).
+    region: usize,
 }
 
-/// `len` bytes starting on a 4 KiB boundary, inside a vector allocated a page longer.
+/// At least `len` bytes, in whole 4 KiB pages starting on a page boundary: the limit's
+/// buffers, and the in-process bed's frame buffer (so that its payload copies' distances from a
+/// region are the same from run to run; see [`LimitKernel`]).
 #[derive(Debug)]
-struct PageBuf {
-    v: Vec<u8>,
-    at: usize,
-    len: usize,
-}
+struct PageBuf(Vec<Page>);
+
+#[derive(Debug, Clone, zerocopy::FromBytes, zerocopy::IntoBytes, zerocopy::Immutable)]
+#[repr(C, align(4096))]
+struct Page([u8; 4096]);
 
 impl PageBuf {
     fn new(len: usize) -> PageBuf {
-        let v = vec![0u8; len + 4096];
-        let at = v.as_ptr().align_offset(4096).min(4096);
-        PageBuf { v, at, len }
+        PageBuf(vec![Page([0; 4096]); len.div_ceil(4096).max(1)])
     }
+}
+
+impl std::ops::Deref for PageBuf {
+    type Target = [u8];
     #[inline]
-    fn bytes(&self) -> &[u8] {
-        &self.v[self.at..self.at + self.len]
+    fn deref(&self) -> &[u8] {
+        zerocopy::IntoBytes::as_bytes(&self.0[..])
     }
+}
+
+impl std::ops::DerefMut for PageBuf {
     #[inline]
-    fn bytes_mut(&mut self) -> &mut [u8] {
-        &mut self.v[self.at..self.at + self.len]
+    fn deref_mut(&mut self) -> &mut [u8] {
+        zerocopy::IntoBytes::as_mut_bytes(&mut self.0[..])
     }
 }
 
@@ -169,7 +178,7 @@ impl LimitKernel {
     pub fn new(mtu: usize, region: usize) -> LimitKernel {
         let region = region.max(mtu) / mtu * mtu;
         let mut src = PageBuf::new(region);
-        for (i, b) in src.bytes_mut().iter_mut().enumerate() {
+        for (i, b) in src.iter_mut().enumerate() {
             *b = i as u8;
         }
         LimitKernel {
@@ -177,6 +186,7 @@ impl LimitKernel {
             frame: PageBuf::new(mtu + LIMIT_HDR + 4),
             dst: PageBuf::new(region),
             mtu,
+            region,
         }
     }
 
@@ -184,17 +194,13 @@ impl LimitKernel {
     #[inline]
     pub fn chunk(&mut self, c: usize) -> u32 {
         let (mtu, h) = (self.mtu, LIMIT_HDR);
-        let (src, frame, dst) = (
-            self.src.bytes(),
-            self.frame.bytes_mut(),
-            self.dst.bytes_mut(),
-        );
-        let o = c % (src.len() / mtu) * mtu;
-        frame[h..h + mtu].copy_from_slice(&src[o..o + mtu]);
+        let frame = &mut self.frame[..mtu + h + 4];
+        let o = c % (self.region / mtu) * mtu;
+        frame[h..h + mtu].copy_from_slice(&self.src[o..o + mtu]);
         let mut acc = crc32fast::hash(frame);
         acc ^= crc32fast::hash(frame);
-        dst[o..o + mtu].copy_from_slice(&frame[h..h + mtu]);
-        frame[h] ^= dst[o + mtu / 2];
+        self.dst[o..o + mtu].copy_from_slice(&frame[h..h + mtu]);
+        frame[h] ^= self.dst[o + mtu / 2];
         acc
     }
 }
@@ -221,7 +227,8 @@ struct Bed {
     b: Rnic,
     ab: Option<Link>,
     ba: Option<Link>,
-    buf: Vec<u8>,
+    /// The frame between the two pipelines, on a page, as a NIC's buffer would be.
+    buf: PageBuf,
     start: Instant,
     packets: u64,
     /// With several threads: this thread's shards are A's and B's shard `k`; frames for a QP
@@ -306,11 +313,11 @@ impl Bed {
             (None, None) if self.steer.is_none() => {
                 // One engine thread, no wire in between: each frame goes straight from one
                 // RNIC's transmit pipeline into the other's receive pipeline.
-                while let Some(n) = self.a.poll_transmit(now, &mut self.buf) {
+                while let Some(n) = self.a.poll_transmit(now, &mut self.buf[..]) {
                     self.b.handle_frame_mut(now, &mut self.buf[..n]);
                     moved += 1;
                 }
-                while let Some(n) = self.b.poll_transmit(now, &mut self.buf) {
+                while let Some(n) = self.b.poll_transmit(now, &mut self.buf[..]) {
                     self.a.handle_frame_mut(now, &mut self.buf[..n]);
                     moved += 1;
                 }
@@ -343,13 +350,13 @@ impl Bed {
                 st.take_in(a, b, now);
             }
             (Some(ab), Some(ba)) => {
-                while let Some(n) = self.a.poll_transmit(now, &mut self.buf) {
+                while let Some(n) = self.a.poll_transmit(now, &mut self.buf[..]) {
                     let mut f = ab.buffer();
                     f.extend_from_slice(&self.buf[..n]);
                     ab.send(now, f);
                     moved += 1;
                 }
-                while let Some(n) = self.b.poll_transmit(now, &mut self.buf) {
+                while let Some(n) = self.b.poll_transmit(now, &mut self.buf[..]) {
                     let mut f = ba.buffer();
                     f.extend_from_slice(&self.buf[..n]);
                     ba.send(now, f);
@@ -551,7 +558,7 @@ fn setup_shards(
                 b,
                 ab,
                 ba,
-                buf: vec![0u8; 10_000],
+                buf: PageBuf::new(10_000),
                 start: Instant::now(),
                 packets: 0,
                 steer: if steer.is_empty() {
@@ -1200,17 +1207,17 @@ mod tests {
     fn the_limit_copies_between_page_aligned_buffers() {
         let mut k = LimitKernel::new(1024, 4096);
         for b in [&k.src, &k.frame, &k.dst] {
-            assert_eq!(b.bytes().as_ptr() as usize % 4096, 0);
+            assert_eq!(b.as_ptr() as usize % 4096, 0);
         }
-        assert_eq!(k.frame.bytes().len(), 1024 + LIMIT_HDR + 4);
+        assert!(k.frame.len() >= 1024 + LIMIT_HDR + 4);
         for c in 0..4 {
             k.chunk(c);
         }
-        assert_eq!(k.src.bytes().len(), 4096);
+        assert_eq!(k.region, 4096);
         assert!(
-            k.src.bytes() == k.dst.bytes(),
+            k.src[..4096] == k.dst[..4096],
             "the copy out is the copy in"
         );
-        assert!(k.src.bytes().iter().any(|&b| b != 0));
+        assert!(k.src.iter().any(|&b| b != 0));
     }
 }
