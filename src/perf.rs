@@ -1,6 +1,7 @@
 //! `rocemu perf TEST [options] [SERVER]` (contract: shared/contracts.md): perftest's
 //! benchmarks on RoCEmu.
 use rocemu_emulator::inproc::Impairments;
+use rocemu_emulator::port::PortStats;
 use rocemu_emulator::rnic::Mtu;
 use rocemu_emulator::time::Nanos;
 use rocemu_tools::perf::{self, Opts, Report, Test};
@@ -354,6 +355,10 @@ fn run_remote(
         out_reads: a.outs,
     };
     let port = d.ep.engine.port().name();
+    // The interface's own drop counters before the run (AF_XDP and AF_PACKET share it with the
+    // kernel, which drops what it cannot pass on without telling the socket: a veth whose peer
+    // is behind drops on transmit after the AF_XDP socket handed the frame over).
+    let iface0 = iface_drops(&port);
     if a.server.is_none() {
         println!("\n************************************\n* Waiting for client to connect... *\n************************************");
     }
@@ -362,7 +367,7 @@ fn run_remote(
         let mut bad = 0u64;
         let failed = rocemu_tools::remote::perf_serve(&mut d.ep, &o, runs, |n, out| {
             let ok = match out {
-                Ok(out) => print_outcome(a, test, &port, &o, out),
+                Ok(out) => print_outcome(a, test, &port, &o, out, &PortDrops::default()),
                 Err(e) => {
                     eprintln!("rocemu perf: client {n}: {e}");
                     false
@@ -390,6 +395,12 @@ fn run_remote(
         let pool = rocemu_tools::perf_shards::ShardPool::start(std::mem::take(&mut d.more));
         let out = rocemu_tools::perf_shards::perf(&mut d.ep, &pool, &o);
         let more = pool.stop();
+        let mut ports = PortDrops::of(&d.ep.engine.port_stats(), &iface0, &port);
+        for ep in &more {
+            let s = ep.engine.port_stats();
+            ports.port.0 += s.rx_dropped;
+            ports.port.1 += s.tx_dropped;
+        }
         let out = out.map_err(|e| {
             let mut cs = vec![("thread 0: ".to_string(), d.ep.rnic.counters())];
             cs.extend(
@@ -401,7 +412,7 @@ fn run_remote(
                 cs.iter().map(|(n, c)| (n.as_str(), c)).collect();
             rocemu_tools::explain(e, &cs)
         })?;
-        return Ok(if print_outcome(a, test, &port, &o, &out) {
+        return Ok(if print_outcome(a, test, &port, &o, &out, &ports) {
             ExitCode::SUCCESS
         } else {
             ExitCode::FAILURE
@@ -410,7 +421,16 @@ fn run_remote(
     let out = rocemu_tools::remote::perf(&mut d.ep, &o);
     d.ep.engine.finish_recording()?;
     let out = out.map_err(|e| rocemu_tools::explain(e, &[("", &d.ep.rnic.counters())]))?;
-    Ok(if print_outcome(a, test, &port, &o, &out) {
+    let ports = PortDrops::of(&d.ep.engine.port_stats(), &iface0, &port);
+    if a.server.is_none() {
+        // A server's report is the client's, relayed as perftest relays it: its own device's
+        // counters that point at a problem say what this end saw (stderr, as `checked`).
+        eprint!(
+            "{}",
+            rocemu_tools::failure_counters(&[("", &d.ep.rnic.counters())])
+        );
+    }
+    Ok(if print_outcome(a, test, &port, &o, &out, &ports) {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
@@ -424,6 +444,7 @@ fn print_outcome(
     port: &str,
     o: &rocemu_tools::remote::PerfOpts,
     out: &rocemu_tools::remote::PerfOutcome,
+    ports: &PortDrops,
 ) -> bool {
     let rule = RULE;
     print_header(
@@ -452,6 +473,9 @@ fn print_outcome(
         if a.server.is_some() && !a.lat {
             print_limit(r);
         }
+        if let Some(l) = ports.line(port) {
+            println!("{l}");
+        }
         if a.json {
             println!("{}", r.to_json());
         }
@@ -478,11 +502,75 @@ fn checked(r: &Report) -> bool {
         }
         None => {}
     }
-    if !ok {
-        // Why, in the counters' words (stderr: stdout is perftest's table).
-        eprint!("{}", r.counters);
-    }
+    // Why, in the counters' words (stderr: stdout is perftest's table): the counters that
+    // point at a problem, whether the run failed or went through with retransmissions (what
+    // this end dropped or judged out of sequence says where the loss was); a clean run has
+    // none.
+    eprint!("{}", r.counters);
     ok
+}
+
+/// What a run's datapath dropped: the port's own counts since it opened (a full ring, the
+/// kernel's drops of the socket, frames a driver refused after its retries), and the
+/// interface's during the run (`/sys/class/net/IFACE/statistics`, for AF_XDP and AF_PACKET:
+/// the kernel's, of every sender on it). `rocemu stats` names the port's while a run goes on.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct PortDrops {
+    /// The port's: received, transmitted.
+    port: (u64, u64),
+    /// The interface's during the run.
+    iface: Option<(u64, u64)>,
+}
+
+impl PortDrops {
+    fn of(s: &PortStats, iface0: &Option<(u64, u64)>, port: &str) -> PortDrops {
+        let iface = match (iface0, iface_drops(port)) {
+            (Some((r0, t0)), Some((r, t))) => Some((r.saturating_sub(*r0), t.saturating_sub(*t0))),
+            _ => None,
+        };
+        PortDrops {
+            port: (s.rx_dropped, s.tx_dropped),
+            iface,
+        }
+    }
+
+    /// The line a run prints when anything was dropped (the first place to look when a run on
+    /// a quiet link shows retransmissions); none when nothing was.
+    fn line(&self, port: &str) -> Option<String> {
+        let (rx, tx) = self.port;
+        let (irx, itx) = self.iface.unwrap_or_default();
+        if rx + tx + irx + itx == 0 {
+            return None;
+        }
+        let mut l = format!(" port {port}: {rx} frames dropped on receive, {tx} on transmit");
+        if let (Some(_), Some(ifname)) = (self.iface, iface_name(port)) {
+            l += &format!(
+                "; interface {ifname}: {irx} dropped on receive, {itx} on transmit during the run (the kernel's count)"
+            );
+        }
+        Some(l)
+    }
+}
+
+/// The interface of an `af_xdp:IFACE` or `af_packet:IFACE` port.
+fn iface_name(port: &str) -> Option<&str> {
+    port.strip_prefix("af_xdp:")
+        .or_else(|| port.strip_prefix("af_packet:"))
+        .map(|i| i.split([' ', ',']).next().unwrap_or(i))
+        .filter(|i| !i.is_empty() && !i.contains('/') && !i.starts_with('.'))
+}
+
+/// The interface's `rx_dropped` and `tx_dropped`, when the port has one and the kernel says.
+fn iface_drops(port: &str) -> Option<(u64, u64)> {
+    let i = iface_name(port)?;
+    let read = |c: &str| -> Option<u64> {
+        std::fs::read_to_string(format!("/sys/class/net/{i}/statistics/{c}"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    };
+    Some((read("rx_dropped")?, read("tx_dropped")?))
 }
 
 fn print_limit(r: &Report) {
@@ -523,4 +611,35 @@ fn print_header(test: Test, lat: bool, device: &str, queues: (usize, usize, usiz
     }
     println!(" Mtu            : {mtu}[B]");
     println!(" Link type      : Ethernet (RoCEv2)");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A run that dropped nothing adds no line; one that did names the port, both counts and,
+    /// for an interface the kernel shares, the interface's.
+    #[test]
+    fn a_run_names_what_its_datapath_dropped() {
+        let mut d = PortDrops::default();
+        assert_eq!(d.line("af_xdp:veth0"), None);
+        d.port = (3, 0);
+        assert_eq!(
+            d.line("dpdk:net_memif0").as_deref(),
+            Some(" port dpdk:net_memif0: 3 frames dropped on receive, 0 on transmit")
+        );
+        d = PortDrops {
+            iface: Some((0, 31)),
+            ..PortDrops::default()
+        };
+        assert_eq!(
+            d.line("af_xdp:veth0").as_deref(),
+            Some(" port af_xdp:veth0: 0 frames dropped on receive, 0 on transmit; interface veth0: 0 dropped on receive, 31 on transmit during the run (the kernel's count)")
+        );
+        assert_eq!(iface_name("af_packet:eth1"), Some("eth1"));
+        assert_eq!(iface_name("dpdk:--vdev=net_memif0"), None);
+        assert_eq!(iface_name("af_xdp:../x"), None);
+        // The loopback interface exists everywhere and its counters are numbers.
+        assert!(iface_drops("af_packet:lo").is_some());
+    }
 }
