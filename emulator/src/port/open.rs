@@ -82,6 +82,22 @@ pub fn kernel_iface(spec: &str) -> Option<&str> {
         .or_else(|| spec.strip_prefix("af_xdp:"))
 }
 
+/// The kernel's `rx_dropped` and `tx_dropped` of the interface of the datapath `spec` (its
+/// `/sys/class/net/IFACE/statistics`), when it has one: every sender's drops on the interface,
+/// the kernel's own included (a veth whose peer is behind drops on transmit after an AF_XDP
+/// socket handed it the frame, and the socket never hears of it).
+pub fn iface_drops(spec: &str) -> Option<(u64, u64)> {
+    let iface = kernel_iface(spec)?;
+    let read = |c: &str| -> Option<u64> {
+        std::fs::read_to_string(format!("/sys/class/net/{iface}/statistics/{c}"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    };
+    Some((read("rx_dropped")?, read("tx_dropped")?))
+}
+
 /// The line rate of the datapath `spec`, Mb/s, when the kernel knows it: an AF_PACKET or AF_XDP
 /// interface's `/sys/class/net/IFACE/speed` (a veth says 10000). `None` otherwise (a DPDK
 /// port, an interface that reports no speed): congestion control then assumes its default.
