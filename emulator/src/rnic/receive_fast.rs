@@ -32,12 +32,13 @@ const MIN_DATAGRAM: usize = 20 + 8 + 12 + 4;
 
 #[inline(always)]
 fn be16(f: &[u8], at: usize) -> u16 {
-    u16::from_be_bytes([f[at], f[at + 1]])
+    // One range check for the field, not one per byte.
+    u16::from_be_bytes(f[at..at + 2].try_into().unwrap())
 }
 
 #[inline(always)]
 fn be32(f: &[u8], at: usize) -> u32 {
-    u32::from_be_bytes([f[at], f[at + 1], f[at + 2], f[at + 3]])
+    u32::from_be_bytes(f[at..at + 4].try_into().unwrap())
 }
 
 impl Rnic {
