@@ -199,7 +199,7 @@ fn complete_upto(dev: &mut Dev, qp: &mut Qp, now: Nanos, psn: Psn) -> bool {
     any
 }
 
-fn acknowledge(dev: &mut Dev, qp: &mut Qp, now: Nanos, psn: Psn) {
+pub(super) fn acknowledge(dev: &mut Dev, qp: &mut Qp, now: Nanos, psn: Psn) {
     // An ACK for a PSN never sent, or older than the last one, changes nothing (C9-117,
     // unverified).
     if !psn.is_before(qp.psn_high()) || psn.next().is_before(qp.acked_psn) {

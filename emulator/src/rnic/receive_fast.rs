@@ -1,7 +1,8 @@
 //! The receive fast path: an RDMA WRITE or SEND packet (FIRST, MIDDLE, LAST or ONLY, without
 //! immediate data or invalidation) to an RC QP, at the QP's expected PSN, in an untagged IPv4
 //! frame — what a connected QP receives most — checked and executed from the frame's bytes,
-//! without the general parse. (A SEND for a QP on an SRQ goes the general way.)
+//! without the general parse. (A SEND for a QP on an SRQ goes the general way.) And the answer
+//! a requester receives most: an RC ACKNOWLEDGE whose AETH says ACK, for the completer.
 //!
 //! It is a hardware pipeline's fast path: it takes a packet only when every check of the general
 //! path (`receive_parsed`, then the responder's `rc_receive`, `rc_write` and `rc_send`) would
@@ -16,7 +17,7 @@
 use super::qp::RespMsg;
 use super::receive::count_rcvd;
 use super::verbs::*;
-use super::{responder, Rnic};
+use super::{completer, responder, Rnic};
 use crate::time::Nanos;
 use rocemu_wire::opcode::Position;
 use rocemu_wire::{icrc, PKey, Psn, Qpn, ROCEV2_UDP_PORT};
@@ -27,6 +28,7 @@ const L3: usize = 14;
 const L4: usize = L3 + 20;
 const BTH: usize = L4 + 8;
 const RETH: usize = BTH + 12;
+const AETH: usize = BTH + 12;
 /// IP, UDP, BTH and ICRC: the least an RDMA WRITE MIDDLE or LAST datagram holds.
 const MIN_DATAGRAM: usize = 20 + 8 + 12 + 4;
 
@@ -45,7 +47,7 @@ impl Rnic {
     /// True when the fast path took the frame (executed it, as the general path would have);
     /// false when it left the frame as it found it, for the general path.
     #[inline]
-    pub(super) fn receive_fast(&mut self, frame: &mut [u8], _now: Nanos) -> bool {
+    pub(super) fn receive_fast(&mut self, frame: &mut [u8], now: Nanos) -> bool {
         let n = frame.len();
         if n < L3 + MIN_DATAGRAM {
             return false;
@@ -74,6 +76,9 @@ impl Rnic {
         // UDP to 4791, its length the IP payload's.
         if be16(f, L4 + 2) != ROCEV2_UDP_PORT || be16(f, L4 + 4) as usize != total - 20 {
             return false;
+        }
+        if f[BTH] == 0x11 {
+            return self.receive_ack_fast(frame, now, total); // RC ACKNOWLEDGE
         }
         // The BTH: an RC SEND or RDMA WRITE without immediate data, TVer 0, the default
         // partition.
@@ -211,6 +216,54 @@ impl Rnic {
             };
         }
         self.request_done(slot, psn, ack_req);
+        true
+    }
+
+    /// An RC ACKNOWLEDGE (its Ethernet, IP and UDP headers checked by `receive_fast`) whose
+    /// AETH syndrome is an ACK, with no payload and no pad, TVer 0, the default partition, to
+    /// an RC QP in RTS or SQD from its peer: what `receive_parsed` and the completer's `handle`
+    /// do for it when every check passes — counted, then `acknowledge`. False, with nothing
+    /// changed, for anything else (a NAK, an RNR NAK, a reserved syndrome, a bad checksum).
+    fn receive_ack_fast(&mut self, frame: &mut [u8], now: Nanos, total: usize) -> bool {
+        let n = frame.len();
+        let f: &[u8] = frame;
+        if total != MIN_DATAGRAM + 4
+            || f[BTH + 1] & 0x3f != 0
+            || !PKey(be16(f, BTH + 2)).matches(PKey::DEFAULT)
+            || f[AETH] & 0xe0 != 0
+        {
+            return false;
+        }
+        let dqpn = Qpn::new(be32(f, BTH + 4));
+        let psn = Psn::new(be32(f, BTH + 8));
+        let src = IpAddr::V4(Ipv4Addr::new(
+            f[L3 + 12],
+            f[L3 + 13],
+            f[L3 + 14],
+            f[L3 + 15],
+        ));
+        let Some(slot) = self.slot_of(dqpn) else {
+            return false;
+        };
+        match self.qps[slot].as_ref() {
+            Some(qp)
+                if qp.qp_type == QpType::Rc
+                    && matches!(qp.state, QpState::Rts | QpState::Sqd)
+                    && src == qp.peer_ip => {}
+            _ => return false,
+        }
+        if !self.frame_sound(frame, total) {
+            return false;
+        }
+        let Some(qp) = self.qps[slot].as_mut() else {
+            return false;
+        };
+        count_rcvd(&mut self.dev.counters, qp, n);
+        completer::acknowledge(&mut self.dev, qp, now, psn);
+        self.refresh(slot);
+        if !self.dev.failed_cqs.is_empty() {
+            self.settle_cq_errors();
+        }
         true
     }
 
