@@ -99,12 +99,7 @@ impl Rnic {
         }
         // Built in its ring slot: a WQE is ~180 bytes, and each move of it is a memcpy call.
         qp.sq.push_new(wr, len, signaled);
-        // Onto the transmit schedule if it is not there yet. A post moves no deadline, so the
-        // timers are left alone (`refresh` would look at each of them again).
-        if !qp.scheduled && qp.has_tx_work() {
-            qp.scheduled = true;
-            self.tx_sched.push_back((slot, qp.qpn));
-        }
+        self.refresh(slot);
         Ok(())
     }
 
