@@ -105,20 +105,10 @@ impl Rnic {
         }
         let plen = total - hdrs - pad;
         let payload_at = RETH + if has_reth { 16 } else { 0 };
-        let dqpn = Qpn::new(be32(f, BTH + 4));
         let psn_word = be32(f, BTH + 8);
         let (ack_req, psn) = (psn_word & 0x8000_0000 != 0, Psn::new(psn_word));
-        let src = IpAddr::V4(Ipv4Addr::new(
-            f[L3 + 12],
-            f[L3 + 13],
-            f[L3 + 14],
-            f[L3 + 15],
-        ));
         // The QP: RC, taking requests, from its peer, at the expected PSN.
-        let Some(slot) = self.slot_of(dqpn) else {
-            return false;
-        };
-        let Some(qp) = self.qps[slot].as_ref() else {
+        let Some((slot, qp)) = self.peer_qp(f) else {
             return false;
         };
         if qp.qp_type != QpType::Rc
@@ -126,7 +116,6 @@ impl Rnic {
                 qp.state,
                 QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
             )
-            || src != qp.peer_ip
             || psn != qp.epsn
         {
             return false;
@@ -234,24 +223,15 @@ impl Rnic {
         {
             return false;
         }
-        let dqpn = Qpn::new(be32(f, BTH + 4));
         let psn = Psn::new(be32(f, BTH + 8));
-        let src = IpAddr::V4(Ipv4Addr::new(
-            f[L3 + 12],
-            f[L3 + 13],
-            f[L3 + 14],
-            f[L3 + 15],
-        ));
-        let Some(slot) = self.slot_of(dqpn) else {
-            return false;
-        };
-        match self.qps[slot].as_ref() {
-            Some(qp)
-                if qp.qp_type == QpType::Rc
-                    && matches!(qp.state, QpState::Rts | QpState::Sqd)
-                    && src == qp.peer_ip => {}
+        let slot = match self.peer_qp(f) {
+            Some((slot, qp))
+                if qp.qp_type == QpType::Rc && matches!(qp.state, QpState::Rts | QpState::Sqd) =>
+            {
+                slot
+            }
             _ => return false,
-        }
+        };
         if !self.frame_sound(frame, total) {
             return false;
         }
@@ -260,11 +240,28 @@ impl Rnic {
         };
         count_rcvd(&mut self.dev.counters, qp, n);
         completer::acknowledge(&mut self.dev, qp, now, psn);
+        self.settle(slot);
+        true
+    }
+
+    /// The QP the frame's BTH names (its slot with it), if the frame comes from that QP's
+    /// peer: a connected QP takes packets from its peer only (`receive_parsed`'s check).
+    #[inline(always)]
+    fn peer_qp(&self, f: &[u8]) -> Option<(usize, &super::qp::Qp)> {
+        let slot = self.slot_of(Qpn::new(be32(f, BTH + 4)))?;
+        let qp = self.qps[slot].as_ref()?;
+        let src = Ipv4Addr::new(f[L3 + 12], f[L3 + 13], f[L3 + 14], f[L3 + 15]);
+        (IpAddr::V4(src) == qp.peer_ip).then_some((slot, qp))
+    }
+
+    /// After a packet executed: the QP's turn on the schedule and its deadlines, and any CQ
+    /// that overflowed (as `receive_parsed` ends).
+    #[inline(always)]
+    fn settle(&mut self, slot: usize) {
         self.refresh(slot);
         if !self.dev.failed_cqs.is_empty() {
             self.settle_cq_errors();
         }
-        true
     }
 
     /// After a request packet executed: the next PSN expected, its ACK queued when asked for,
@@ -278,10 +275,7 @@ impl Rnic {
                 responder::push_ack(&mut self.dev, qp, psn);
             }
         }
-        self.refresh(slot);
-        if !self.dev.failed_cqs.is_empty() {
-            self.settle_cq_errors();
-        }
+        self.settle(slot);
     }
 
     /// The IPv4 checksum, then the ICRC (IBTA A17.3.3), computed in place: the frame is left
