@@ -493,8 +493,9 @@ impl Nic {
                 return;
             }
             if Instant::now() >= deadline {
-                // Its peer will retry into a QP that is gone (1 pair in about 110 of the
-                // srq_pingpong test still failed so, 2026-12-06: this says when).
+                // Its peer will retry into a QP that is gone. (The srq_pingpong failures
+                // that remained, about 1 run in 30 pinned, were not this: on `lo` the packet
+                // ring had 64 slots and dropped an ACK; see af_packet/ring.rs MAX_IP_PACKET.)
                 eprintln!(
                     "rocemu: ibv_destroy_qp: QP {:#x}: {left} responses still queued after {} ms \
                      go with it",

@@ -494,10 +494,14 @@ impl AfPacketPort {
         }
         // SAFETY: the ioctl succeeded, so the mtu member is the one written.
         let mtu = unsafe { ifr.ifr_ifru.ifru_mtu }.max(68) as usize;
+        // The frames the RNIC sends and takes are RoCEv2 packets of at most a 4096-byte path
+        // MTU: buffers and ring slots are sized for those even on an interface with a larger
+        // MTU (`lo`: 65536), which would otherwise leave few slots (ring::MAX_IP_PACKET).
+        let held = mtu.min(ring::MAX_IP_PACKET);
         // Ethernet header, an 802.1Q tag and slack for offloads that hand up a little more.
-        let cap = mtu + 18;
+        let cap = held + 18;
         let rings = want_rings().map_err(PortError)?;
-        let io = match rings.then(|| ring::Rings::setup(&fd, mtu)) {
+        let io = match rings.then(|| ring::Rings::setup(&fd, held)) {
             Some(Ok(r)) => {
                 // What came in between the bind and the rings went to the socket's queue.
                 drain(&fd);
@@ -516,7 +520,7 @@ impl AfPacketPort {
                         "af_packet: no memory-mapped rings; recvmmsg/sendmmsg instead"
                     );
                 }
-                let rx_cap = mtu + 64;
+                let rx_cap = held + 64;
                 Io::Mmsg(Mmsg {
                     rx_bufs: (0..super::BURST).map(|_| vec![0u8; rx_cap]).collect(),
                     tx_bufs: (0..super::BURST).map(|_| vec![0u8; cap]).collect(),

@@ -44,6 +44,15 @@ const RX_RING_BYTES: usize = 8 << 20;
 const TX_RING_BYTES: usize = 2 << 20;
 /// A block is the unit the kernel allocates (contiguous pages); slots do not cross blocks.
 const BLOCK: usize = 1 << 17;
+/// The largest IP packet the rings' slots are sized for: a RoCEv2 packet of the largest path
+/// MTU (4096 bytes of payload) with every header it can carry (IPv6, UDP, BTH, AtomicETH or
+/// RETH, ImmDt, ICRC: under 120 bytes), with room to spare. The socket's filter passes only
+/// RoCEv2 and neighbour traffic, so nothing longer is for the RNIC; a longer frame is dropped
+/// and counted as a frame cut short. Sizing slots by a larger interface MTU left `lo` (MTU
+/// 65536) 64 receive slots of 64 KiB: two drop-in processes pinned to one core overflowed the
+/// ring with one round of `ibv_srq_pingpong`'s 16 QPs, and a lost final ACK with the peer gone
+/// failed the run ("transport retry counter exceeded", about 1 run in 30).
+pub(super) const MAX_IP_PACKET: usize = 4096 + 256;
 
 /// Empty receive bursts between two reads of the socket's pending error (`SO_ERROR`): the
 /// kernel reports a link going down there (ENETDOWN, once per NETDEV_DOWN) and `poll(2)` says
@@ -153,6 +162,10 @@ impl Rings {
     }
 
     fn try_setup(fd: &OwnedFd, mtu: usize) -> io::Result<Rings> {
+        debug_assert!(
+            mtu <= MAX_IP_PACKET,
+            "the port clamps what it gives the rings"
+        );
         let version = libc::tpacket_versions::TPACKET_V2 as libc::c_int;
         set(fd, libc::PACKET_VERSION, &version)?;
         // A malformed frame (longer than the interface takes) is dropped and its slot freed,
@@ -476,10 +489,12 @@ mod tests {
     use super::*;
 
     /// Slots never straddle a block, the ring is a whole number of blocks, and a slot holds the
-    /// largest frame: for the MTUs users run (1500, jumbo 9000, the 64 KiB of loopback).
+    /// largest frame: for the MTUs users run (1500, jumbo 9000, the 64 KiB of loopback), as the
+    /// port clamps them ([`MAX_IP_PACKET`]); the receive ring keeps at least 1,500 slots.
     #[test]
     fn slots_fit_their_blocks_and_the_largest_frame() {
         for mtu in [68, 1500, 4200, 9000, 65535] {
+            let mtu = mtu.min(MAX_IP_PACKET);
             let rx = Shape::new(0, RX_NET - 14 + mtu + 64, RX_RING_BYTES);
             let tx = Shape::new(rx.bytes(), TX_DATA + VNET + mtu + 18, TX_RING_BYTES);
             for s in [rx, tx] {
@@ -500,6 +515,7 @@ mod tests {
             assert!(rx.frame - (RX_NET - 14) >= mtu + 64, "{mtu}");
             assert!(tx.frame - TX_DATA - VNET >= mtu + 18, "{mtu}");
             assert_eq!(tx.at, rx.bytes());
+            assert!(rx.frames >= 1500, "{mtu}: {} receive slots", rx.frames);
         }
         assert_eq!(TX_DATA, 32);
         assert_eq!(RX_NET, 90);
