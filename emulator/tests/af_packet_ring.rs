@@ -95,8 +95,8 @@ fn exchange(tx: &mut AfPacketPort, rx: &mut AfPacketPort, n: u32) -> u32 {
 #[test]
 fn the_rings_carry_every_frame_in_order_through_many_turns() {
     let _ns = netns::veth_ns(NS, "rngr0", "rngr1", |i| {
-        // No IPv6: the kernel's own router solicitations stay away. Jumbo frames: slots of
-        // 9 KiB.
+        // No IPv6: the kernel's own router solicitations stay away. Jumbo frames: the port
+        // still carries (and sizes its slots for) RoCEv2 packets of at most 4352 bytes.
         let _ = Command::new("ip")
             .args(["netns", "exec", NS, "sysctl", "-qw"])
             .arg(format!("net.ipv6.conf.{i}.disable_ipv6=1"))
@@ -106,7 +106,12 @@ fn the_rings_carry_every_frame_in_order_through_many_turns() {
     let mut a = open("rngr0");
     let mut b = open("rngr1");
     assert!(a.uses_rings() && b.uses_rings(), "the rings were set up");
-    // The transmit ring has 2 MiB of 9 KiB slots, the receive ring 8 MiB: 20,000 frames turn
+    assert_eq!(
+        a.mtu(),
+        4096 + 256,
+        "the interface's 9000 clamped to what the port carries"
+    );
+    // The transmit ring has 2 MiB of 4.4 KiB slots, the receive ring 8 MiB: 20,000 frames turn
     // both many times.
     let n = 20_000;
     assert_eq!(

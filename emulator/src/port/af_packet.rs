@@ -239,6 +239,7 @@ pub struct AfPacketPort {
     fd: OwnedFd,
     ifname: String,
     mac: Mac,
+    /// The largest IP packet it carries: the interface's MTU, at most `ring::MAX_IP_PACKET`.
     mtu: usize,
     cap: usize,
     io: Io,
@@ -555,7 +556,7 @@ impl AfPacketPort {
             fd,
             ifname: ifname.to_string(),
             mac: Mac(mac),
-            mtu,
+            mtu: held,
             cap,
             io,
             ingress,
