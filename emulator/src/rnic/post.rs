@@ -99,7 +99,15 @@ impl Rnic {
         }
         // Built in its ring slot: a WQE is ~180 bytes, and each move of it is a memcpy call.
         qp.sq.push_new(wr, len, signaled);
-        self.refresh(slot);
+        // Onto the transmit schedule if it is not there yet. A post moves no retransmit or RNR
+        // deadline, so those timers are left alone; a paced QP's may move (its pacer starts
+        // with the first request), so it goes through `refresh`.
+        if qp.cc.is_some() {
+            self.refresh(slot);
+        } else if !qp.scheduled && qp.has_tx_work() {
+            qp.scheduled = true;
+            self.tx_sched.push_back((slot, qp.qpn));
+        }
         Ok(())
     }
 
