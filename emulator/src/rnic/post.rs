@@ -104,9 +104,8 @@ impl Rnic {
         // with the first request), so it goes through `refresh`.
         if qp.cc.is_some() {
             self.refresh(slot);
-        } else if !qp.scheduled && qp.has_tx_work() {
-            qp.scheduled = true;
-            self.tx_sched.push_back((slot, qp.qpn));
+        } else {
+            super::schedule::schedule(&mut self.tx_sched, slot, qp);
         }
         Ok(())
     }

@@ -14,7 +14,7 @@ use super::{cc, completer, requester, responder, Rnic};
 use crate::time::Nanos;
 use rocemu_wire::Qpn;
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, VecDeque};
 
 /// Packets one QP sends in a row before the transmit scheduler moves on (DPDK's burst of 32
 /// is per port; per QP, 16 keeps fairness while amortising the QP's cache misses).
@@ -209,10 +209,7 @@ impl Rnic {
         let Some(qp) = self.qps.get_mut(slot).and_then(Option::as_mut) else {
             return;
         };
-        if !qp.scheduled && qp.has_tx_work() {
-            qp.scheduled = true;
-            self.tx_sched.push_back((slot, qp.qpn));
-        }
+        schedule(&mut self.tx_sched, slot, qp);
         arm_timers(&mut self.timers, slot, qp);
     }
 
@@ -228,6 +225,16 @@ impl Rnic {
                 .retain(|Reverse((_, s, q))| matches!(qps.get(*s), Some(Some(p)) if p.qpn == *q));
             self.stale_timers = 0;
         }
+    }
+}
+
+/// Puts a QP on the transmit schedule if it has something to send and is not there yet
+/// ([`Rnic::refresh`]'s first half, which a post needs alone).
+#[inline(always)]
+pub(super) fn schedule(tx_sched: &mut VecDeque<(usize, Qpn)>, slot: usize, qp: &mut Qp) {
+    if !qp.scheduled && qp.has_tx_work() {
+        qp.scheduled = true;
+        tx_sched.push_back((slot, qp.qpn));
     }
 }
 
