@@ -251,7 +251,10 @@ fn arm_timers(timers: &mut BinaryHeap<Reverse<(Nanos, usize, Qpn)>>, slot: usize
     };
     if needs(qp.ack_deadline, qp.ack_pushed)
         || needs(qp.rnr_deadline, qp.rnr_pushed)
-        || qp.cc.as_deref().is_some_and(|c| needs(c.deadline(), c.pushed))
+        || qp
+            .cc
+            .as_deref()
+            .is_some_and(|c| needs(c.deadline(), c.pushed))
     {
         arm_timers_slow(timers, slot, qp);
     }
