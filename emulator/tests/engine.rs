@@ -467,9 +467,9 @@ impl Port for SocketPort {
     fn name(&self) -> String {
         "socketpair".into()
     }
-    fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
+    fn wait_fds(&self) -> Option<[std::os::fd::RawFd; 2]> {
         use std::os::fd::AsRawFd;
-        Some(self.sock.as_raw_fd())
+        Some([self.sock.as_raw_fd(), -1])
     }
 }
 

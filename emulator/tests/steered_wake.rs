@@ -64,8 +64,8 @@ impl Port for TestPort {
     fn name(&self) -> String {
         "test".into()
     }
-    fn wait_fd(&self) -> Option<RawFd> {
-        Some(self.efd.as_raw_fd())
+    fn wait_fds(&self) -> Option<[RawFd; 2]> {
+        Some([self.efd.as_raw_fd(), -1])
     }
 }
 

@@ -51,7 +51,7 @@ pub enum IdleStrategy {
     #[default]
     Backoff,
     /// Spin a little ([`WAKE_SPIN_TURNS`]), then block in `ppoll(2)` on the port's descriptor
-    /// ([`Port::wait_fd`]) and the engine's [`Doorbell`] until a frame arrives, the doorbell
+    /// ([`Port::wait_fds`]) and the engine's [`Doorbell`] until a frame arrives, the doorbell
     /// rings or the RNIC's next timer is due (at most the current nap, [`WAKE_NAP_MIN`] doubling
     /// to [`WAKE_NAP_MAX`]). A port without a descriptor falls back to [`IdleStrategy::Backoff`].
     /// Work posted from another thread than the engine's must ring the doorbell
@@ -355,15 +355,15 @@ impl Engine {
         match st.strategy {
             IdleStrategy::BusyPoll => {}
             IdleStrategy::Backoff => st.backoff(),
-            IdleStrategy::Wake => match self.port.wait_fd() {
-                Some(fd) => {
+            IdleStrategy::Wake => match self.port.wait_fds() {
+                Some(fds) => {
                     // Frames the port still holds (the kernel refused them) are sent only by
                     // a transmit burst: hand them over now, and wake when it can take them.
                     if !self.port.flush() {
                         st.tx_backlog = true;
                     }
                     let now = Nanos(st.start.elapsed().as_nanos() as u64);
-                    st.wait(fd, now);
+                    st.wait(fds, now);
                 }
                 None => st.backoff(),
             },
@@ -543,7 +543,7 @@ impl State {
     }
 
     /// [`IdleStrategy::Wake`] after an empty turn, at `now`, on the port's descriptor `fd`.
-    fn wait(&mut self, fd: std::os::fd::RawFd, now: Nanos) {
+    fn wait(&mut self, port: [std::os::fd::RawFd; 2], now: Nanos) {
         if self.idle <= WAKE_SPIN_TURNS {
             return;
         }
@@ -564,8 +564,8 @@ impl State {
             return;
         }
         self.sleeps += 1;
-        let fds = [fd, bell.map_or(-1, Doorbell::fd)];
-        if wake::wait_ready(&fds, self.tx_backlog, t) & 0b10 != 0 {
+        let fds = [port[0], port[1], bell.map_or(-1, Doorbell::fd)];
+        if wake::wait_ready(&fds, self.tx_backlog, t) & 0b100 != 0 {
             if let Some(d) = bell {
                 d.clear();
             }

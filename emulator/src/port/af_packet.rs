@@ -792,8 +792,8 @@ impl Port for AfPacketPort {
     }
 
     /// The socket itself: readable when a frame that passed the filter is queued.
-    fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
-        Some(self.fd.as_raw_fd())
+    fn wait_fds(&self) -> Option<[std::os::fd::RawFd; 2]> {
+        Some([self.fd.as_raw_fd(), -1])
     }
 }
 

@@ -30,7 +30,7 @@ use super::af_packet::{AfPacketOptions, AfPacketPort};
 use super::{Port, PortError, PortStats};
 use rocemu_wire::eth::Mac;
 use std::ffi::CString;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, RawFd};
 
 mod prog;
 mod xsk;
@@ -49,8 +49,6 @@ pub struct AfXdpPort {
     mac: Mac,
     mtu: usize,
     cap: usize,
-    /// Readable when either socket has a frame: what an idle engine sleeps on.
-    epoll: OwnedFd,
     ifname: String,
     queue: u32,
     stats: PortStats,
@@ -73,27 +71,6 @@ fn rx_queues(ifname: &str) -> usize {
                 .max(1)
         })
         .unwrap_or(1)
-}
-
-fn epoll_of(fds: &[RawFd]) -> std::io::Result<OwnedFd> {
-    // SAFETY: plain system call; the result is checked before use.
-    let raw = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-    if raw < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: a fresh descriptor that nothing else owns.
-    let ep = unsafe { OwnedFd::from_raw_fd(raw) };
-    for &fd in fds {
-        let mut ev = libc::epoll_event {
-            events: libc::EPOLLIN as u32,
-            u64: fd as u64,
-        };
-        // SAFETY: `ep` and `fd` are open descriptors; `ev` lives across the call.
-        if unsafe { libc::epoll_ctl(ep.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) } != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-    }
-    Ok(ep)
 }
 
 impl AfXdpPort {
@@ -164,11 +141,6 @@ impl AfXdpPort {
         let xsk = xsk::Xsk::open(ifindex, queue).map_err(|e| port_err(ifname, e))?;
         let redirect = prog::attach(ifindex, &opts.addrs, xsk.fd(), queue, queues_wanted as u32)
             .map_err(|e| port_err(ifname, e))?;
-        let epoll = epoll_of(&[
-            xsk.fd().as_raw_fd(),
-            neighbours.wait_fd().expect("a packet socket"),
-        ])
-        .map_err(|e| port_err(ifname, format!("epoll: {e}")))?;
         tracing::debug!(
             port = ifname,
             queue,
@@ -183,7 +155,6 @@ impl AfXdpPort {
             mtu: neighbours.mtu(),
             cap: neighbours.frame_capacity(),
             neighbours: Some(neighbours),
-            epoll,
             ifname: ifname.to_string(),
             queue,
             stats: PortStats::default(),
@@ -240,8 +211,6 @@ impl AfXdpPort {
                 .expect("shard 0 attached the program")
                 .add(q, xsk.fd())
                 .map_err(|e| port_err(ifname, e))?;
-            let epoll = epoll_of(&[xsk.fd().as_raw_fd()])
-                .map_err(|e| port_err(ifname, format!("epoll: {e}")))?;
             ports.push(AfXdpPort {
                 redirect: None,
                 xsk,
@@ -249,7 +218,6 @@ impl AfXdpPort {
                 mac: first.mac,
                 mtu: first.mtu,
                 cap: first.cap,
-                epoll,
                 ifname: ifname.to_string(),
                 queue: q,
                 stats: PortStats::default(),
@@ -359,8 +327,15 @@ impl Port for AfXdpPort {
         format!("af_xdp:{}", self.ifname)
     }
 
-    /// An epoll descriptor over the AF_XDP socket and the packet socket.
-    fn wait_fd(&self) -> Option<RawFd> {
-        Some(self.epoll.as_raw_fd())
+    /// The AF_XDP socket and the packet socket beside it (a later shard's: its socket alone).
+    /// Polled only while the engine sleeps: in an epoll set, the socket would have a sleeper on
+    /// its wait queue all the time (see [`Port::wait_fds`]).
+    fn wait_fds(&self) -> Option<[RawFd; 2]> {
+        let side = self
+            .neighbours
+            .as_ref()
+            .and_then(|n| n.wait_fds())
+            .map_or(-1, |f| f[0]);
+        Some([self.xsk.fd().as_raw_fd(), side])
     }
 }

@@ -209,9 +209,9 @@ impl Port for ImpairedPort {
 
     /// The inner port's, while nothing is held: held frames come due by turns, so an engine
     /// holding some must keep turning.
-    fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
+    fn wait_fds(&self) -> Option<[std::os::fd::RawFd; 2]> {
         if self.held_rx.is_empty() && self.held_tx.is_empty() {
-            self.inner.wait_fd()
+            self.inner.wait_fds()
         } else {
             None
         }
@@ -305,8 +305,8 @@ impl<P: Port> Port for LoseFirst<P> {
 
     inner_port_info!(inner);
 
-    fn wait_fd(&self) -> Option<std::os::fd::RawFd> {
-        self.inner.wait_fd()
+    fn wait_fds(&self) -> Option<[std::os::fd::RawFd; 2]> {
+        self.inner.wait_fds()
     }
 
     fn impaired(&self) -> bool {

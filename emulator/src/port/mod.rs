@@ -126,12 +126,20 @@ pub trait Port {
         None
     }
 
-    /// A file descriptor that `poll(2)` reports readable when a frame is waiting for
-    /// [`Port::rx_burst`], so that an idle engine can sleep until one comes (a packet socket's
-    /// own descriptor). `None` (the default): the port has no such thing (a DPDK poll-mode
-    /// driver, an in-memory pipe, a port that delays frames by turns) and an idle engine must
-    /// poll it.
-    fn wait_fd(&self) -> Option<RawFd> {
+    /// The file descriptors that `poll(2)` reports readable when a frame is waiting for
+    /// [`Port::rx_burst`], so that an idle engine can sleep until one comes: a packet socket's
+    /// own descriptor; an AF_XDP socket's and, beside it, the packet socket that reads ARP and
+    /// neighbour discovery (an unused second entry is -1). The first is the one a port that
+    /// holds refused frames becomes writable on. `None` (the default): the port has no such
+    /// thing (a DPDK poll-mode driver, an in-memory pipe, a port that delays frames by turns)
+    /// and an idle engine must poll it.
+    ///
+    /// The descriptors themselves, not an epoll set over them: the engine polls them only while
+    /// it sleeps, whereas a socket in an epoll set has a sleeper on its wait queue all the
+    /// time, and then every frame the kernel queues to it, and every transmitted frame it
+    /// frees, takes the wait queue's lock and runs the epoll callback (on a veth, on the
+    /// *peer's* core: 15 % of an AF_XDP sender's core, `docs/performance.md`).
+    fn wait_fds(&self) -> Option<[RawFd; 2]> {
         None
     }
 

@@ -225,10 +225,10 @@ impl Port for SteeredPort {
         self.inner.name()
     }
 
-    /// The port's descriptor (a frame another shard steered here rings this shard's engine's
+    /// The port's descriptors (a frame another shard steered here rings this shard's engine's
     /// doorbell instead: see [`WakeTable`]).
-    fn wait_fd(&self) -> Option<RawFd> {
-        self.inner.wait_fd()
+    fn wait_fds(&self) -> Option<[RawFd; 2]> {
+        self.inner.wait_fds()
     }
 
     fn link_up(&self) -> Option<bool> {
