@@ -2,7 +2,8 @@
 //! many turns of the fill, RX, TX and completion rings (every UMEM chunk reused many times),
 //! for every frame size up to the MTU; the XDP program takes only RoCEv2 to the port's own
 //! address (a datagram to another UDP port or another address goes to the kernel, not to the
-//! socket) and ARP reaches the port through the packet socket beside. A veth pair in a network
+//! socket) and ARP reaches the port through the packet socket beside; what an idle engine sleeps
+//! on is those two sockets (not an epoll set), each woken by its frames. A veth pair in a network
 //! namespace of its own. Needs root (scripts/test runs as root).
 mod netns;
 use rocemu_emulator::port::af_packet::AfPacketOptions;
@@ -120,6 +121,36 @@ fn deliver(tx: &mut AfXdpPort, rx: &mut AfXdpPort, frames: Vec<Vec<u8>>, wait: D
     got
 }
 
+/// Sends one frame from `tx` and hands it to the kernel.
+fn send(tx: &mut AfXdpPort, f: &[u8]) {
+    let mut once = Some(f);
+    tx.tx_burst(1, &mut |b| {
+        let f = once.take()?;
+        b[..f.len()].copy_from_slice(f);
+        Some(f.len())
+    });
+    assert!(tx.flush(), "the kernel took the frame");
+}
+
+fn is_socket(fd: std::os::fd::RawFd) -> bool {
+    // SAFETY: a zeroed stat is valid; fstat writes within it.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `st` is a live, writable stat.
+    (unsafe { libc::fstat(fd, &mut st) } == 0) && st.st_mode & libc::S_IFMT == libc::S_IFSOCK
+}
+
+/// Which of `fds` poll(2) finds readable within `ms` milliseconds.
+fn readable(fds: [std::os::fd::RawFd; 2], ms: i32) -> [bool; 2] {
+    let mut p = fds.map(|fd| libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    });
+    // SAFETY: `p` is a live array of two pollfds.
+    unsafe { libc::poll(p.as_mut_ptr(), 2, ms) };
+    p.map(|x| x.revents & libc::POLLIN != 0)
+}
+
 #[test]
 fn the_rings_carry_every_frame_both_ways_and_only_roce_for_us() {
     let _ns = netns::veth_ns(NS, "rxdp0", "rxdp1", |i| {
@@ -172,7 +203,12 @@ fn the_rings_carry_every_frame_both_ways_and_only_roce_for_us() {
     arp.resize(60, 0);
     let before = b.neighbour_frames();
     assert_eq!(
-        deliver(&mut a, &mut b, vec![arp], Duration::from_millis(300)),
+        deliver(
+            &mut a,
+            &mut b,
+            vec![arp.clone()],
+            Duration::from_millis(300)
+        ),
         1
     );
     assert_eq!(
@@ -180,6 +216,30 @@ fn the_rings_carry_every_frame_both_ways_and_only_roce_for_us() {
         before + 1,
         "through the packet socket"
     );
+
+    // What an idle engine sleeps on: the two sockets themselves, never an epoll set over them
+    // (a socket in an epoll set has a sleeper on its wait queue all the time, so every frame
+    // queued to it and every frame it sends takes that queue's lock: docs/performance.md),
+    // each made readable by its own kind of frame.
+    let fds = b
+        .wait_fds()
+        .expect("an AF_XDP port has descriptors to sleep on");
+    for fd in fds {
+        assert!(is_socket(fd), "descriptor {fd} is not a socket: {fds:?}");
+    }
+    b.rx_burst(64, &mut |_| {});
+    assert_eq!(readable(fds, 0), [false, false], "nothing waits yet");
+    let roce = frame(b.mac().0, IP_B, 4791, 9, 100);
+    send(&mut a, &roce);
+    assert_eq!(
+        readable(fds, 2000),
+        [true, false],
+        "a RoCEv2 frame: the AF_XDP socket"
+    );
+    b.rx_burst(64, &mut |_| {});
+    send(&mut a, &arp);
+    assert_eq!(readable(fds, 2000), [false, true], "ARP: the packet socket");
+    b.rx_burst(64, &mut |_| {});
 
     // Dropping the port detaches the program: the interface has no XDP program left.
     drop(a);
