@@ -542,7 +542,8 @@ impl State {
         }
     }
 
-    /// [`IdleStrategy::Wake`] after an empty turn, at `now`, on the port's descriptor `fd`.
+    /// [`IdleStrategy::Wake`] after an empty turn, at `now`, on the port's descriptors `port`
+    /// (-1: none).
     fn wait(&mut self, port: [std::os::fd::RawFd; 2], now: Nanos) {
         if self.idle <= WAKE_SPIN_TURNS {
             return;
