@@ -176,6 +176,21 @@ fn write64(c: &mut Criterion) {
             )
         })
     });
+    // The same build without the ICRC: with `icrc_in_place` (the CRC of a frame written long
+    // before), what the CRC of a frame just written costs beyond its own work (its 16-byte loads
+    // of bytes stored piecewise a moment before wait for those stores: docs/performance.md).
+    let t0 = HeaderTemplate::new(&r).without_icrc();
+    let mut buf0 = vec![0u8; 2048];
+    g.bench_function("template_build_no_icrc", |b| {
+        b.iter(|| {
+            black_box(
+                t0.emit(black_box(&mut buf0), 7, &r.bth, &r.ext, 64, |d| {
+                    d.copy_from_slice(&data)
+                })
+                .unwrap(),
+            )
+        })
+    });
     g.finish();
 }
 
