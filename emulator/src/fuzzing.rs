@@ -367,3 +367,9 @@ pub fn rnic_target(data: &[u8]) {
         );
     }
 }
+
+/// The `cm_agent` fuzz target: arbitrary MADs against a CM agent with a connection in every
+/// state (`cm::fuzz`).
+pub fn cm_agent_target(data: &[u8]) {
+    crate::cm::fuzz::target(data)
+}

@@ -1,5 +1,6 @@
-//! The `rnic` fuzz target's corpus (fuzz/corpus/rnic) as a plain test: arbitrary frames and
-//! verbs calls never panic the RNIC or write outside a memory region.
+//! The fuzz targets' corpora as plain tests: fuzz/corpus/rnic (arbitrary frames and verbs calls
+//! never panic the RNIC or write outside a memory region) and fuzz/corpus/cm_agent (arbitrary MADs
+//! never panic the CM agent).
 use std::path::Path;
 
 #[test]
@@ -9,6 +10,20 @@ fn rnic_fuzz_corpus_holds() {
     for e in std::fs::read_dir(&dir).expect("fuzz/corpus/rnic exists") {
         let data = std::fs::read(e.unwrap().path()).unwrap();
         rocemu_emulator::fuzzing::rnic_target(&data);
+        n += 1;
+    }
+    assert!(n >= 10, "corpus too small: {n}");
+}
+
+/// The `cm_agent` target's corpus (fuzz/corpus/cm_agent): arbitrary MADs never panic the CM
+/// agent, keep its half-open count bounded and its timers finite.
+#[test]
+fn cm_agent_fuzz_corpus_holds() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus/cm_agent");
+    let mut n = 0;
+    for e in std::fs::read_dir(&dir).expect("fuzz/corpus/cm_agent exists") {
+        let data = std::fs::read(e.unwrap().path()).unwrap();
+        rocemu_emulator::fuzzing::cm_agent_target(&data);
         n += 1;
     }
     assert!(n >= 10, "corpus too small: {n}");

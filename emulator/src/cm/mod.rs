@@ -46,6 +46,8 @@ use rocemu_wire::{PKey, QKey, Qpn};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::{IpAddr, Ipv6Addr};
 
+#[cfg(feature = "fuzzing")]
+pub(crate) mod fuzz;
 pub mod gsi;
 mod state;
 #[cfg(test)]
