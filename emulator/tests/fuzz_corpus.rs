@@ -3,30 +3,29 @@
 //! never panic the CM agent).
 use std::path::Path;
 
-#[test]
-fn rnic_fuzz_corpus_holds() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus/rnic");
+/// Runs `target` on every input of fuzz/corpus/`name`; fails on a corpus of fewer than 10.
+fn replay(name: &str, target: fn(&[u8])) {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../fuzz/corpus")
+        .join(name);
     let mut n = 0;
-    for e in std::fs::read_dir(&dir).expect("fuzz/corpus/rnic exists") {
-        let data = std::fs::read(e.unwrap().path()).unwrap();
-        rocemu_emulator::fuzzing::rnic_target(&data);
+    for e in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("fuzz/corpus/{name}: {e}")) {
+        target(&std::fs::read(e.unwrap().path()).unwrap());
         n += 1;
     }
-    assert!(n >= 10, "corpus too small: {n}");
+    assert!(n >= 10, "fuzz/corpus/{name} too small: {n}");
 }
 
-/// The `cm_agent` target's corpus (fuzz/corpus/cm_agent): arbitrary MADs never panic the CM
-/// agent, keep its half-open count bounded and its timers finite.
+#[test]
+fn rnic_fuzz_corpus_holds() {
+    replay("rnic", rocemu_emulator::fuzzing::rnic_target);
+}
+
+/// The `cm_agent` target's corpus: arbitrary MADs never panic the CM agent, keep its half-open
+/// count bounded and its timers finite.
 #[test]
 fn cm_agent_fuzz_corpus_holds() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus/cm_agent");
-    let mut n = 0;
-    for e in std::fs::read_dir(&dir).expect("fuzz/corpus/cm_agent exists") {
-        let data = std::fs::read(e.unwrap().path()).unwrap();
-        rocemu_emulator::fuzzing::cm_agent_target(&data);
-        n += 1;
-    }
-    assert!(n >= 10, "corpus too small: {n}");
+    replay("cm_agent", rocemu_emulator::fuzzing::cm_agent_target);
 }
 
 use proptest::prelude::*;

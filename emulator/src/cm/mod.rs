@@ -46,7 +46,7 @@ use rocemu_wire::{PKey, QKey, Qpn};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::{IpAddr, Ipv6Addr};
 
-#[cfg(feature = "fuzzing")]
+#[cfg(any(test, feature = "fuzzing"))]
 pub(crate) mod fuzz;
 pub mod gsi;
 mod state;

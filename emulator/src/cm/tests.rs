@@ -1,6 +1,7 @@
 //! The agent between two agents in virtual time (connect, accept, disconnect, REJ, lost and
 //! repeated messages, retries running out, the backlog, time-wait, floods, one history per
 //! seed) and against rping's real REQ.
+use super::fuzz::params;
 use super::*;
 use rocemu_wire::cm::PortSpace;
 use rocemu_wire::Psn;
@@ -39,14 +40,6 @@ fn two() -> (CmAgent, CmAgent, ServiceId) {
     let sid = ServiceId::rdma_cm(PortSpace::TCP, 7174);
     b.listen(sid);
     (a, b, sid)
-}
-
-fn params(qpn: u32, psn: u32) -> ConnParams {
-    ConnParams {
-        qpn: Qpn::new(qpn),
-        psn: Psn::new(psn),
-        ..ConnParams::default()
-    }
 }
 
 /// A connects to B's service; B has seen the REQ. The two ends' ids.
@@ -1176,49 +1169,9 @@ mod hostile {
     use super::*;
     use proptest::prelude::*;
 
-    fn mad(attr: u16, tid: u64, body: &[u8]) -> [u8; MAD_LEN] {
-        let mut m = [0u8; MAD_LEN];
-        CmMadRepr::new(Tid(tid), CmMessage::Rtu(RtuRepr::default()))
-            .emit(&mut m)
-            .unwrap();
-        m[16..18].copy_from_slice(&attr.to_be_bytes());
-        let n = body.len().min(MAD_LEN - 24);
-        m[24..24 + n].copy_from_slice(&body[..n]);
-        m
-    }
-
-    /// An agent with something in every state: listening, REQ sent (plain and deferred), REQ
-    /// received (with MRA), REP sent, REP received, established, SIDR both ways.
-    fn busy() -> (CmAgent, Vec<u32>) {
-        let (mut a, mut b, sid) = two();
-        let udp = ServiceId::rdma_cm(PortSpace::UDP, 7174);
-        a.listen(sid);
-        a.listen(udp);
-        b.listen(udp);
-        a.mra_on_req = Some(16);
-        a.max_half_open = 8;
-        let t = Nanos(0);
-        let mut ids = Vec::new();
-        ids.push(a.connect(t, b.local_ip, sid, &params(1, 1)).0);
-        let (x, _) = rep_received(&mut a, &mut b, sid, t);
-        ids.push(x.0);
-        let (x, _) = requested(&mut a, &mut b, sid, t);
-        ids.push(x.0);
-        ids.push(a.sidr_request(t, b.local_ip, udp, &[1]).0);
-        // B's side of things towards A: REQs and a SIDR_REQ A receives.
-        let _ = drain(&mut a);
-        b.connect(t, a.local_ip, sid, &params(3, 3));
-        b.sidr_request(t, a.local_ip, udp, &[2]);
-        for (_, m) in drain(&mut b) {
-            a.handle_mad(t, b.local_ip, &m);
-        }
-        while let Some(e) = a.poll_event() {
-            if e.id().0 != 0 {
-                ids.push(e.id().0);
-            }
-        }
-        (a, ids)
-    }
+    // The agent with something in every state and the MAD builder of the `cm_agent` fuzz target,
+    // whose body is this test's, coverage-guided.
+    use crate::cm::fuzz::{busy, mad};
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(256))]
