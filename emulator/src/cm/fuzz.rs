@@ -3,8 +3,9 @@
 //! (`emulator/tests/fuzz_corpus.rs`); its busy agent and MAD builder also serve the CM's proptest
 //! `random_mads_never_panic` (`tests.rs`), so the module is built for tests too. An agent with a
 //! connection in every state takes arbitrary MADs from the network, its application answering
-//! some of what it reports and time passing now and then. Panics are the findings; so are a half-open count above its bound, connections
-//! that grow faster than the messages that could make them, and a timer that never ends.
+//! some of what it reports and time passing now and then. Panics are the findings; so are a
+//! half-open count above its bound, connections that grow faster than the messages that could
+//! make them, and a timer that never ends.
 //!
 //! The input is a sequence of records: a control byte, a transaction id byte, a length byte,
 //! then that many bytes (at most 232) of a CM message's body. The control byte picks the
