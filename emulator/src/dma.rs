@@ -19,6 +19,7 @@
 //!   deregistration returns nothing touches the memory again.
 // The one module besides `port::af_packet` that the crate's `deny(unsafe_code)` lets through.
 #![allow(unsafe_code)]
+use rocemu_wire::icrc::CopyIn;
 use std::ptr;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -92,19 +93,37 @@ impl ForeignMem {
     /// Copies `out.len()` bytes from `off` bytes into the region into `out`.
     #[inline]
     pub fn read_at(&self, off: u64, out: &mut [u8]) -> Result<(), ()> {
-        let off = self.range(off, out.len())?;
-        if out.is_empty() {
+        let n = out.len();
+        self.read_into(off, out, 0, n)
+    }
+
+    /// Copies `n` bytes from `off` bytes into the region to `at` in `out` (a buffer, or a
+    /// packet's payload that hashes its ICRC as it is copied).
+    #[inline(always)]
+    pub fn read_into<D: CopyIn + ?Sized>(
+        &self,
+        off: u64,
+        out: &mut D,
+        at: usize,
+        n: usize,
+    ) -> Result<(), ()> {
+        let off = self.range(off, n)?;
+        if at.checked_add(n).is_none_or(|e| e > out.room()) {
+            return Err(());
+        }
+        if n == 0 {
             return Ok(());
         }
-        // SAFETY: `off + out.len() <= len` (checked above), so the source lies in
-        // `[ptr, ptr + len)`, which `new`'s caller keeps mapped and readable until the region
-        // is deregistered, which cannot happen while the RNIC (and so `self`) is borrowed here.
-        // The destination is a slice we own exclusively, so the ranges do not overlap (the
+        // SAFETY: `off + n <= len` (checked above), so the source lies in `[ptr, ptr + len)`,
+        // which `new`'s caller keeps mapped and readable until the region is deregistered,
+        // which cannot happen while the RNIC (and so `self`) is borrowed here. The destination
+        // is memory of our own (`out`, borrowed exclusively), so the ranges do not overlap (the
         // program's memory cannot be `out`: we never make a slice of it). The program's threads
         // may write the source concurrently: that is the DMA contract (they get undefined
-        // bytes in `out`, as from a NIC), and the copy reads through a raw pointer, never
-        // through a reference that would promise the compiler the bytes do not change.
-        unsafe { ptr::copy_nonoverlapping(self.ptr.add(off), out.as_mut_ptr(), out.len()) };
+        // bytes in `out`, as from a NIC), and `copy_in_raw` reads through the raw pointer, each
+        // byte once, never through a reference that would promise the compiler the bytes do not
+        // change.
+        unsafe { out.copy_in_raw(at, self.ptr.add(off), n) };
         Ok(())
     }
 

@@ -39,7 +39,7 @@ fn write_frame(op: Opcode, payload: usize) -> (FrameRepr, Vec<u8>) {
         dport: ROCEV2_UDP_PORT,
         bth,
         ext: ExtHeaders {
-            reth: Some(RethRepr {
+            reth: op.info().has(opcode::hdr::RETH).then_some(RethRepr {
                 va: 0x7f00_0000_1000,
                 rkey: RKey(0x1234),
                 dma_len: 65536,
@@ -190,6 +190,58 @@ fn write64(c: &mut Criterion) {
                 .unwrap(),
             )
         })
+    });
+    g.finish();
+}
+
+/// A 4 KiB RDMA WRITE MIDDLE frame (a 64 KiB WRITE's usual packet at MTU 4096), its payload
+/// taken in turn from the 16 pages of a 64 KiB region (as `rocemu perf write -s 65536`): built
+/// with the payload copied in through `CopyIn` (hashed as it is copied where the CPU has the wide
+/// kernel) and written directly (copied, then hashed with the frame), and the receive path's
+/// parse and check (docs/performance.md, "Wire").
+fn write4k(c: &mut Criterion) {
+    let (r, frame) = write_frame(Opcode::RC_RDMA_WRITE_MIDDLE, 4096);
+    let mut g = c.benchmark_group("write4k");
+    g.throughput(Throughput::Bytes(4096));
+    let t = HeaderTemplate::new(&r);
+    let region: Vec<u8> = (0..65536u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    let mut buf = vec![0u8; 4200];
+    let mut page = 0;
+    g.bench_function("build_copy_in", |b| {
+        b.iter(|| {
+            page = (page + 4096) % region.len();
+            let src = &region[page..page + 4096];
+            black_box(
+                t.emit(black_box(&mut buf), 7, &r.bth, &r.ext, 4096, |d| {
+                    icrc::CopyIn::copy_in(d, 0, src)
+                })
+                .unwrap(),
+            )
+        })
+    });
+    g.bench_function("build_written", |b| {
+        b.iter(|| {
+            page = (page + 4096) % region.len();
+            let src = &region[page..page + 4096];
+            black_box(
+                t.emit(black_box(&mut buf), 7, &r.bth, &r.ext, 4096, |d| {
+                    d.copy_from_slice(src)
+                })
+                .unwrap(),
+            )
+        })
+    });
+    let mut rx = frame.clone();
+    g.bench_function("parse+icrc_check_in_place", |b| {
+        b.iter(|| {
+            let (p, ok) = parse_frame_in_place(black_box(&mut rx)).unwrap();
+            black_box((p.bth.psn, p.payload.len(), ok))
+        })
+    });
+    g.bench_function("plain_crc32fast", |b| {
+        b.iter(|| black_box(crc32fast::hash(black_box(&frame[6..]))))
     });
     g.finish();
 }
@@ -359,5 +411,13 @@ fn icrc_floor(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, parse, build, icrc_vs_plain, write64, icrc_floor);
+criterion_group!(
+    benches,
+    parse,
+    build,
+    icrc_vs_plain,
+    write64,
+    write4k,
+    icrc_floor
+);
 criterion_main!(benches);

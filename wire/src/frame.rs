@@ -495,7 +495,7 @@ impl FrameRepr {
         &self,
         buf: &mut [u8],
         payload_len: usize,
-        fill: impl FnOnce(&mut [u8]),
+        fill: impl FnOnce(&mut icrc::Payload<'_>),
     ) -> Result<usize, BuildError> {
         let info = self.bth.opcode.info();
         self.ext.check_layout(info)?;
@@ -573,14 +573,16 @@ pub(crate) fn emit_transport(
     bth: &BthRepr,
     ext: &ExtHeaders,
     payload_len: usize,
-    fill: impl FnOnce(&mut [u8]),
+    fill: impl FnOnce(&mut icrc::Payload<'_>),
     icrc: bool,
 ) {
     let info = bth.opcode.info();
     bth.emit(&mut buf[b..]);
     let e = b + len::BTH;
     let p = e + ext.emit(info, &mut buf[e..]);
-    fill(&mut buf[p..p + payload_len]);
+    let mut payload = icrc::Payload::new(&mut buf[..p + payload_len], p, icrc.then_some(ip));
+    fill(&mut payload);
+    let hashed = payload.hashed();
     let pad_end = p + payload_len + bth.pad as usize;
     // At most three bytes: a loop, not a memset call (most packets have none).
     for b in &mut buf[p + payload_len..pad_end] {
@@ -590,8 +592,7 @@ pub(crate) fn emit_transport(
         buf[pad_end..pad_end + 4].fill(0);
         return;
     }
-    let (l3, ihl, v6) = ip;
-    let c = icrc::compute_in_place(buf, l3, ihl, v6, pad_end + len::ICRC);
+    let c = icrc::finish(buf, ip, hashed, p + payload_len, pad_end + len::ICRC);
     buf[pad_end..pad_end + 4].copy_from_slice(&icrc::to_wire(c));
 }
 

@@ -19,6 +19,12 @@
 //! make, dispatch or finalize. A longer packet is masked in place in whole 16-byte stores and
 //! hashed by crc32fast in one call (its wider folds, AVX-512 where the CPU has it, are what a long
 //! packet needs), as is every packet on a CPU without PCLMULQDQ.
+//!
+//! On a CPU with AVX-512 and VPCLMULQDQ (`wide`), a long packet is hashed without writing the
+//! frame: the masked head by `fold` from registers, the rest by four 512-bit streams and a 128-bit
+//! tail. And the sender's payload copy is the CRC's pass ([`Payload`], [`copy_hashing`]): each
+//! 64-byte load from the source region is stored into the frame and folded from the same
+//! register, so a long packet's bytes are read once to be both copied and hashed.
 use crc32fast::Hasher;
 
 /// A fresh CRC-32 hasher. crc32fast picks its kernel by CPU feature detection each time a
@@ -196,6 +202,14 @@ fn masked_in_place<const N: usize>(
     if let Some(crc) = fold::masked(&frame[base + 8..end - 4], mask) {
         return crc;
     }
+    // A long packet on a CPU with the wide kernel: the masked head folded from registers, the
+    // rest by the wide kernel (and crc32fast for its last partial block), nothing written.
+    #[cfg(target_arch = "x86_64")]
+    if end - 4 >= base + 16 * N + wide::BLOCK && wide::available() {
+        if let Some(head) = fold::head(&frame[base + 8..base + 16 * N], mask) {
+            return wide::crc(head, &frame[base + 16 * N..end - 4]);
+        }
+    }
     let mut saved = [[0u8; 16]; N];
     for (i, m) in mask.iter().enumerate() {
         let at = base + i * 16;
@@ -239,16 +253,16 @@ mod fold {
     use std::sync::atomic::{AtomicU8, Ordering};
 
     /// x^(512+32) mod P and x^(512-32) mod P, reflected: a 512-bit fold (four streams).
-    const K1: i64 = 0x154442bd4;
-    const K2: i64 = 0x1c6e41596;
+    pub(super) const K1: i64 = 0x154442bd4;
+    pub(super) const K2: i64 = 0x1c6e41596;
     /// x^(128+32) mod P and x^(128-32) mod P, reflected: one 128-bit fold.
-    const K3: i64 = 0x1751997d0;
-    const K4: i64 = 0x0ccaa009e;
+    pub(super) const K3: i64 = 0x1751997d0;
+    pub(super) const K4: i64 = 0x0ccaa009e;
     /// x^64 mod P, reflected: 96 bits to 64.
-    const K5: i64 = 0x163cd6124;
+    pub(super) const K5: i64 = 0x163cd6124;
     /// P(x) and floor(x^64 / P(x)), reflected: the Barrett reduction.
-    const P_X: i64 = 0x1DB710641;
-    const U_PRIME: i64 = 0x1F7011641;
+    pub(super) const P_X: i64 = 0x1DB710641;
+    pub(super) const U_PRIME: i64 = 0x1F7011641;
 
     /// Whether the CPU has what `kernel` is compiled for (PCLMULQDQ, SSE4.1, SSSE3): asked once,
     /// then one load.
@@ -279,6 +293,19 @@ mod fold {
             return None;
         }
         assert!(N >= 3 && dg.len() + 8 >= 16 * N);
+        // SAFETY: `kernel` needs only the CPU features `available` has just checked.
+        Some(unsafe { kernel(dg, mask) })
+    }
+
+    /// The CRC of the LRH stand-in and the masked head `dg` (its `16 N - 8` bytes after the
+    /// stand-in, all of them in the mask's chunks), for a long packet whose rest goes to the
+    /// wide kernel; `None` on a CPU without PCLMULQDQ.
+    #[inline]
+    pub(super) fn head<const N: usize>(dg: &[u8], mask: &[[u8; 16]; N]) -> Option<u32> {
+        if !available() {
+            return None;
+        }
+        assert!(N >= 3 && dg.len() + 8 == 16 * N);
         // SAFETY: `kernel` needs only the CPU features `available` has just checked.
         Some(unsafe { kernel(dg, mask) })
     }
@@ -346,18 +373,50 @@ mod fold {
             x = fold16(x, block(i), k3k4);
             i += 1;
         }
-        let n = len % 16;
+        last_and_reduce(x, dg, len % 16)
+    }
+
+    /// `x` (the fold of everything before `data[from..]`, not yet reduced) folded over
+    /// `data[from..]`, then reduced: the CRC of it all. Needs `data.len() >= 16` when
+    /// `data.len() - from` is not a multiple of 16. The wide kernel's last partial block.
+    #[target_feature(
+        enable = "pclmulqdq",
+        enable = "sse2",
+        enable = "sse4.1",
+        enable = "ssse3"
+    )]
+    pub(super) fn fold_rest(mut x: a::__m128i, data: &[u8], from: usize) -> u32 {
+        let k3k4 = a::_mm_set_epi64x(K4, K3);
+        let mut o = from;
+        while data.len() - o >= 16 {
+            x = fold16(x, load(&data[o..]), k3k4);
+            o += 16;
+        }
+        last_and_reduce(x, data, data.len() - o)
+    }
+
+    /// `x` folded over the last `n` (0..=15) bytes of `data` (which holds at least 16 when
+    /// `n > 0`), then reduced to the CRC.
+    #[inline]
+    #[target_feature(
+        enable = "pclmulqdq",
+        enable = "sse2",
+        enable = "sse4.1",
+        enable = "ssse3"
+    )]
+    fn last_and_reduce(mut x: a::__m128i, data: &[u8], n: usize) -> u32 {
+        let k3k4 = a::_mm_set_epi64x(K4, K3);
         if n > 0 {
             // The last n (1..=15) bytes: x moves down by n bytes, its low n bytes (shifted
             // out) are folded over the vacated top, where the n new bytes go — read as the
-            // top of dg's last 16 bytes (dg holds at least 40), the bytes before them zeroed.
+            // top of the data's last 16 bytes, the bytes before them zeroed.
             let seq = a::_mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
             let shl = a::_mm_add_epi8(seq, a::_mm_set1_epi8(n as i8 - 16));
             let high = a::_mm_set1_epi8(-128);
             let shr = a::_mm_xor_si128(shl, high);
             let keep_top = a::_mm_or_si128(seq, a::_mm_and_si128(shl, high));
             let out = a::_mm_shuffle_epi8(x, shl);
-            let last = a::_mm_shuffle_epi8(load(&dg[dg.len() - 16..]), keep_top);
+            let last = a::_mm_shuffle_epi8(load(&data[data.len() - 16..]), keep_top);
             x = fold16(
                 out,
                 a::_mm_xor_si128(a::_mm_shuffle_epi8(x, shr), last),
@@ -409,9 +468,545 @@ pub fn from_wire(b: [u8; 4]) -> u32 {
     u32::from_le_bytes(b)
 }
 
+/// Payloads of at least this many bytes are hashed into the ICRC as they are copied into the
+/// frame ([`Payload::copy_in`]), on a CPU with the wide kernel (AVX-512 with VPCLMULQDQ).
+pub const FUSE_MIN: usize = 256;
+
+/// Whether the CPU has what the fused copy-and-hash kernel needs (asked once).
+pub fn fused_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        wide::available()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Copies `src` into `dst` (of the same length) and returns the CRC-32 (zlib) of the bytes
+/// `crc` was the CRC of followed by `src`: `crc32fast::Hasher::new_with_initial(crc)` updated
+/// with `src`, in one pass over the bytes where a copy and a CRC make two.
+pub fn copy_hashing(crc: u32, src: &[u8], dst: &mut [u8]) -> u32 {
+    assert_eq!(src.len(), dst.len(), "copy_hashing: lengths differ");
+    // SAFETY: `src` is a slice of `dst.len()` readable bytes, and cannot overlap `dst`, which
+    // is borrowed mutably.
+    #[allow(unsafe_code)]
+    unsafe {
+        copy_hashing_raw(crc, src.as_ptr(), dst)
+    }
+}
+
+/// [`copy_hashing`] from a raw source: another program's memory, which may change while it is
+/// read (a NIC's DMA source). Each byte is loaded once, and what is stored and what is hashed
+/// are that one load, so the CRC is always the CRC of the bytes `dst` ends up holding.
+///
+/// # Safety
+///
+/// `src` must be valid for reads of `dst.len()` bytes and must not overlap `dst`.
+#[allow(unsafe_code)]
+pub unsafe fn copy_hashing_raw(crc: u32, src: *const u8, dst: &mut [u8]) -> u32 {
+    #[cfg(target_arch = "x86_64")]
+    if dst.len() >= wide::BLOCK && wide::available() {
+        // SAFETY: the CPU has the kernel's features (just checked); `src` is readable for
+        // `dst.len()` bytes and does not overlap `dst` (the caller's promise).
+        return unsafe { wide::copy_hashing(crc, src, dst) };
+    }
+    if dst.is_empty() {
+        return crc;
+    }
+    // SAFETY: `src` is readable for `dst.len()` bytes and does not overlap `dst` (the caller's
+    // promise). The CRC is then of `dst`, what was stored.
+    unsafe { std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), dst.len()) };
+    let mut h = Hasher::new_with_initial(crc);
+    h.update(dst);
+    h.finalize()
+}
+
+/// The CRC-32 (zlib) of the bytes `crc` was the CRC of followed by `bytes`, a bit at a time:
+/// for the zero to three pad bytes after a payload hashed as it was copied.
+fn update_bitwise(crc: u32, bytes: &[u8]) -> u32 {
+    let mut r = !crc;
+    for &b in bytes {
+        r ^= b as u32;
+        for _ in 0..8 {
+            r = (r >> 1) ^ (0xEDB8_8320 & (r & 1).wrapping_neg());
+        }
+    }
+    !r
+}
+
+/// Where a copy writes: a plain buffer, or a packet's [`Payload`] that hashes what is copied
+/// into it. The RNIC's gather (from registered memory into a frame) is written against it.
+pub trait CopyIn {
+    /// Bytes it holds.
+    fn room(&self) -> usize;
+    /// Copies `src` to `at`. Panics if it does not fit.
+    fn copy_in(&mut self, at: usize, src: &[u8]);
+    /// Copies `n` bytes from `src` to `at`. Panics if they do not fit.
+    ///
+    /// # Safety
+    ///
+    /// `src` must be valid for reads of `n` bytes and must not overlap `self`; the bytes may
+    /// change while they are read (each is loaded once).
+    #[allow(unsafe_code)]
+    unsafe fn copy_in_raw(&mut self, at: usize, src: *const u8, n: usize);
+    /// Zeroes `n` bytes at `at`. Panics if they do not fit.
+    fn zero(&mut self, at: usize, n: usize);
+}
+
+impl CopyIn for [u8] {
+    fn room(&self) -> usize {
+        self.len()
+    }
+    #[inline]
+    fn copy_in(&mut self, at: usize, src: &[u8]) {
+        self[at..at + src.len()].copy_from_slice(src);
+    }
+    #[inline]
+    #[allow(unsafe_code)]
+    unsafe fn copy_in_raw(&mut self, at: usize, src: *const u8, n: usize) {
+        let dst = &mut self[at..at + n];
+        // SAFETY: `dst` is `n` writable bytes; the caller promises `src` is readable for `n`
+        // bytes and does not overlap us.
+        unsafe { std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), n) };
+    }
+    fn zero(&mut self, at: usize, n: usize) {
+        self[at..at + n].fill(0);
+    }
+}
+
+/// A packet's payload as the builder hands it to the code that writes it (the `fill` of
+/// [`crate::HeaderTemplate::emit`] and [`crate::FrameRepr::emit`]), with the frame around it.
+/// Bytes copied in with [`CopyIn::copy_in`] (or `copy_in_raw`) in order from the payload's first
+/// byte are hashed into the ICRC as they are copied — one pass over them where there were two
+/// — when the payload is at least [`FUSE_MIN`] bytes and the CPU has the wide kernel. Bytes
+/// written any other way (through `DerefMut`, out of order) are hashed with the whole frame
+/// after the fill, as every payload is otherwise: the ICRC is the same either way.
+#[derive(Debug)]
+pub struct Payload<'a> {
+    /// The frame up to the payload's end.
+    frame: &'a mut [u8],
+    /// Where the payload starts in `frame`.
+    at: u32,
+    /// Payload bytes hashed so far, and the CRC of the frame's covered bytes up to them.
+    hashed: u32,
+    crc: u32,
+    /// The IP header's place (offset, length, IPv6), for the head's CRC.
+    l3: u16,
+    ihl: u8,
+    v6: bool,
+    /// Whether the payload is being hashed as it is copied: false once anything else happened
+    /// (or from the start, when it cannot be).
+    fusing: bool,
+}
+
+impl<'a> Payload<'a> {
+    /// The payload `frame[at..]`, to be hashed as it is copied when `ip` (the IP header's place)
+    /// is given, it is long enough and the CPU has the kernel.
+    #[inline(always)]
+    pub(crate) fn new(frame: &'a mut [u8], at: usize, ip: Option<(usize, usize, bool)>) -> Self {
+        let (l3, ihl, v6) = ip.unwrap_or((0, 0, false));
+        let fusing = ip.is_some()
+            && frame.len() - at >= FUSE_MIN
+            && frame.len() <= u32::MAX as usize
+            && l3 <= u16::MAX as usize
+            && ihl <= u8::MAX as usize
+            && fused_available();
+        Payload {
+            frame,
+            at: at as u32,
+            hashed: 0,
+            crc: 0,
+            l3: l3 as u16,
+            ihl: ihl as u8,
+            v6,
+            fusing,
+        }
+    }
+
+    /// A payload that is never hashed as it is copied: for tests and for writers outside a
+    /// frame.
+    pub fn plain(buf: &'a mut [u8]) -> Self {
+        Payload::new(buf, 0, None)
+    }
+
+    /// The CRC of the frame's covered bytes to the payload's end, when every payload byte was
+    /// hashed as it was copied.
+    #[inline(always)]
+    pub(crate) fn hashed(&self) -> Option<u32> {
+        (self.fusing && self.hashed as usize == self.frame.len() - self.at as usize)
+            .then_some(self.crc)
+    }
+
+    /// Whether bytes copied to `at` can go on with the hash (the next byte it needs); if `at`
+    /// is the first, the frame's covered bytes before the payload are hashed now.
+    #[inline(always)]
+    fn hash_from(&mut self, at: usize) -> bool {
+        if !self.fusing || at != self.hashed as usize {
+            self.fusing = false;
+            return false;
+        }
+        if at == 0 {
+            // The head: the LRH stand-in and the masked headers up to the payload.
+            let (l3, ihl) = (self.l3 as usize, self.ihl as usize);
+            self.crc = compute_in_place(self.frame, l3, ihl, self.v6, self.at as usize + 4);
+        }
+        true
+    }
+
+    /// Copies `n` bytes at `at` from `src` (through `copy` when they are not hashed): the one
+    /// body of `copy_in` and `copy_in_raw`.
+    ///
+    /// # Safety
+    ///
+    /// As [`CopyIn::copy_in_raw`].
+    #[inline(always)]
+    #[allow(unsafe_code)]
+    unsafe fn put(&mut self, at: usize, src: *const u8, n: usize) {
+        let hash = self.hash_from(at);
+        let start = self.at as usize + at;
+        let dst = &mut self.frame[start..start + n];
+        if hash {
+            // SAFETY: the caller's promise about `src`.
+            self.crc = unsafe { copy_hashing_raw(self.crc, src, dst) };
+            self.hashed += n as u32;
+        } else {
+            // SAFETY: as above; `dst` is `n` writable bytes.
+            unsafe { std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), n) };
+        }
+    }
+}
+
+impl CopyIn for Payload<'_> {
+    fn room(&self) -> usize {
+        self.frame.len() - self.at as usize
+    }
+    #[inline(always)]
+    fn copy_in(&mut self, at: usize, src: &[u8]) {
+        // SAFETY: a slice of `src.len()` readable bytes, which cannot overlap `self.frame`
+        // (borrowed mutably by us).
+        #[allow(unsafe_code)]
+        unsafe {
+            self.put(at, src.as_ptr(), src.len())
+        }
+    }
+    #[inline]
+    #[allow(unsafe_code)]
+    unsafe fn copy_in_raw(&mut self, at: usize, src: *const u8, n: usize) {
+        // SAFETY: the caller's promise.
+        unsafe { self.put(at, src, n) }
+    }
+    fn zero(&mut self, at: usize, n: usize) {
+        self.fusing = false;
+        let start = self.at as usize + at;
+        self.frame[start..start + n].fill(0);
+    }
+}
+
+impl std::ops::Deref for Payload<'_> {
+    type Target = [u8];
+    #[inline]
+    fn deref(&self) -> &[u8] {
+        &self.frame[self.at as usize..]
+    }
+}
+
+/// Writing the payload directly: it is then hashed with the whole frame after the fill.
+impl std::ops::DerefMut for Payload<'_> {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut [u8] {
+        self.fusing = false;
+        &mut self.frame[self.at as usize..]
+    }
+}
+
+/// The ICRC of a frame whose payload `frame[p..p + payload_len]` was written (`hashed`: the
+/// CRC to the payload's end when it was hashed as it was copied), its zero to three pad bytes
+/// after it and `end` just past the ICRC.
+#[inline]
+pub(crate) fn finish(
+    frame: &mut [u8],
+    (l3, ihl, v6): (usize, usize, bool),
+    hashed: Option<u32>,
+    pad_from: usize,
+    end: usize,
+) -> u32 {
+    match hashed {
+        Some(crc) => update_bitwise(crc, &frame[pad_from..end - 4]),
+        None => compute_in_place(frame, l3, ihl, v6, end),
+    }
+}
+
+/// The fused copy and CRC for long payloads: four 512-bit streams folded 2048 bits forward as
+/// the bytes are loaded, stored and hashed from the same registers, then brought to one
+/// 128-bit value and reduced as `fold` does. The fold constants are x^(d+32) and x^(d-32) mod
+/// P for a fold over d bits, bit-reflected and shifted left by one (the convention of `fold`'s
+/// K1–K5, which `constants_are_the_fold_ones` checks they reproduce), computed at compile time.
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+mod wide {
+    use core::arch::x86_64 as a;
+    use std::sync::atomic::{AtomicU8, Ordering};
+
+    /// The least the kernel takes: four streams of 64 bytes.
+    pub(super) const BLOCK: usize = 256;
+
+    /// x^n mod P (the CRC-32 polynomial, not reflected).
+    pub(super) const fn xpow(n: u32) -> u32 {
+        let mut r: u64 = 1;
+        let mut i = 0;
+        while i < n {
+            r <<= 1;
+            if r & (1 << 32) != 0 {
+                r ^= 0x1_04C1_1DB7;
+            }
+            i += 1;
+        }
+        r as u32
+    }
+
+    /// A fold constant for the bit-reflected CRC: x^n mod P reflected, shifted left by one.
+    pub(super) const fn k(n: u32) -> i64 {
+        ((xpow(n).reverse_bits() as u64) << 1) as i64
+    }
+
+    /// Whether the CPU has AVX-512F and VPCLMULQDQ (asked once, then one load).
+    #[inline]
+    pub(super) fn available() -> bool {
+        static HAS: AtomicU8 = AtomicU8::new(0);
+        match HAS.load(Ordering::Relaxed) {
+            1 => true,
+            2 => false,
+            _ => {
+                let has = std::is_x86_feature_detected!("avx512f")
+                    && std::is_x86_feature_detected!("vpclmulqdq")
+                    && std::is_x86_feature_detected!("pclmulqdq")
+                    && std::is_x86_feature_detected!("sse4.1");
+                HAS.store(if has { 1 } else { 2 }, Ordering::Relaxed);
+                has
+            }
+        }
+    }
+
+    /// Copies `dst.len()` bytes (a nonzero multiple of [`BLOCK`]) from `src` to `dst` and
+    /// returns the CRC of the bytes `crc` was the CRC of followed by them.
+    ///
+    /// # Safety
+    ///
+    /// The CPU has the features `available` checks; `src` is readable for `dst.len()` bytes and
+    /// does not overlap `dst`.
+    /// Copies `dst.len()` bytes (at least [`BLOCK`]) from `src` to `dst` and returns the CRC of
+    /// the bytes `crc` was the CRC of followed by them.
+    ///
+    /// # Safety
+    ///
+    /// The CPU has the features `available` checks; `src` is readable for `dst.len()` bytes and
+    /// does not overlap `dst`.
+    pub(super) unsafe fn copy_hashing(crc: u32, src: *const u8, dst: &mut [u8]) -> u32 {
+        let n = dst.len();
+        assert!(n >= BLOCK);
+        let whole = n / 64 * 64;
+        // SAFETY: the caller's promises; `dst` is `n >= whole` writable bytes.
+        let x = unsafe { kernel::<true>(crc, src, dst.as_mut_ptr(), whole) };
+        // SAFETY: as above, for the last `n - whole` bytes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src.add(whole), dst[whole..].as_mut_ptr(), n - whole)
+        };
+        // SAFETY: `available` includes `fold_rest`'s features; `dst` holds at least 256 bytes.
+        unsafe { super::fold::fold_rest(x, dst, whole) }
+    }
+
+    /// The CRC of the bytes `crc` was the CRC of followed by `bytes` (at least [`BLOCK`]): the
+    /// wide kernel over its whole 64-byte chunks, the 128-bit fold over the rest. The CPU must have the
+    /// features `available` checks.
+    #[inline]
+    pub(super) fn crc(crc: u32, bytes: &[u8]) -> u32 {
+        assert!(bytes.len() >= BLOCK);
+        let whole = bytes.len() / 64 * 64;
+        // SAFETY: the caller checked the features; `bytes` is readable for `whole` bytes;
+        // nothing is written; `bytes` holds at least 256 bytes for `fold_rest`.
+        unsafe {
+            let x = kernel::<false>(crc, bytes.as_ptr(), std::ptr::null_mut(), whole);
+            super::fold::fold_rest(x, bytes, whole)
+        }
+    }
+
+    /// The fold (128 bits, not yet reduced) of the bytes `crc` was the CRC of followed by `n`
+    /// bytes at `src` (at least [`BLOCK`], a multiple of 64), copied to `d` on the way when
+    /// `COPY`: four streams over whole blocks, then one over the 64-byte rest.
+    ///
+    /// # Safety
+    ///
+    /// The CPU has the features `available` checks; `src` is readable for `n` bytes, and with
+    /// `COPY` `dst` is writable for `n` bytes and does not overlap it.
+    #[target_feature(enable = "avx512f,vpclmulqdq,pclmulqdq,sse4.1")]
+    unsafe fn kernel<const COPY: bool>(
+        crc: u32,
+        src: *const u8,
+        d: *mut u8,
+        n: usize,
+    ) -> a::__m128i {
+        debug_assert!(n >= BLOCK && n.is_multiple_of(64));
+        // Macros, not closures: a closure does not inherit the function's target features, and
+        // its intrinsics would become calls.
+        macro_rules! copy64 {
+            ($o:expr) => {{
+                // SAFETY: `$o + 64 <= n`: readable at `src`, writable at `d` with `COPY`; no
+                // alignment needed.
+                let v = unsafe { a::_mm512_loadu_si512(src.add($o).cast()) };
+                if COPY {
+                    unsafe { a::_mm512_storeu_si512(d.add($o).cast(), v) };
+                }
+                v
+            }};
+        }
+        macro_rules! kz {
+            ($dist:expr) => {
+                a::_mm512_broadcast_i32x4(a::_mm_set_epi64x(
+                    const { k($dist - 32) },
+                    const { k($dist + 32) },
+                ))
+            };
+        }
+        macro_rules! fold512 {
+            ($x:expr, $y:expr, $k:expr) => {
+                a::_mm512_ternarylogic_epi64::<0x96>(
+                    a::_mm512_clmulepi64_epi128::<0x00>($x, $k),
+                    a::_mm512_clmulepi64_epi128::<0x11>($x, $k),
+                    $y,
+                )
+            };
+        }
+        macro_rules! fold128 {
+            ($x:expr, $y:expr, $dist:expr) => {{
+                let k = a::_mm_set_epi64x(const { k($dist - 32) }, const { k($dist + 32) });
+                a::_mm_xor_si128(
+                    a::_mm_xor_si128(
+                        a::_mm_clmulepi64_si128($x, k, 0x00),
+                        a::_mm_clmulepi64_si128($x, k, 0x11),
+                    ),
+                    $y,
+                )
+            }};
+        }
+        let (mut x0, mut x1, mut x2, mut x3) =
+            (copy64!(0), copy64!(64), copy64!(128), copy64!(192));
+        // The running CRC enters as the first four bytes' XOR (inverted: the register form).
+        x0 = a::_mm512_xor_si512(
+            x0,
+            a::_mm512_castsi128_si512(a::_mm_cvtsi32_si128(!crc as i32)),
+        );
+        let k2048 = kz!(2048);
+        let mut o = BLOCK;
+        while n - o >= BLOCK {
+            let (y0, y1, y2, y3) = (
+                copy64!(o),
+                copy64!(o + 64),
+                copy64!(o + 128),
+                copy64!(o + 192),
+            );
+            x0 = fold512!(x0, y0, k2048);
+            x1 = fold512!(x1, y1, k2048);
+            x2 = fold512!(x2, y2, k2048);
+            x3 = fold512!(x3, y3, k2048);
+            o += BLOCK;
+        }
+        // Four streams to one (stream i is 64 (3 - i) bytes before the last), then its four
+        // 128-bit lanes to one.
+        let k512 = kz!(512);
+        let x = fold512!(x2, x3, k512);
+        let x = fold512!(x1, x, kz!(1024));
+        let mut x = fold512!(x0, x, kz!(1536));
+        // Then 64 bytes at a time, one stream.
+        while o < n {
+            x = fold512!(x, copy64!(o), k512);
+            o += 64;
+        }
+        let l0 = a::_mm512_extracti32x4_epi32::<0>(x);
+        let l1 = a::_mm512_extracti32x4_epi32::<1>(x);
+        let l2 = a::_mm512_extracti32x4_epi32::<2>(x);
+        let l3 = a::_mm512_extracti32x4_epi32::<3>(x);
+        let x = fold128!(l2, l3, 128);
+        let x = fold128!(l1, x, 256);
+        fold128!(l0, x, 384)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The wide kernel's constants, computed at compile time, are the fold's (checked by hand
+    /// against crc32fast's): a wrong exponent convention would give wrong CRCs everywhere.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn constants_are_the_fold_ones() {
+        use super::fold::{K1, K2, K3, K4, K5};
+        use super::wide::k;
+        assert_eq!(
+            [k(512 + 32), k(512 - 32), k(128 + 32), k(128 - 32), k(64)],
+            [K1, K2, K3, K4, K5]
+        );
+    }
+
+    /// The lengths around the kernel's block (256 bytes) and a 4 KiB packet's, from odd offsets
+    /// and with odd initial CRCs: the copy is exact and the CRC is crc32fast's, continued.
+    #[test]
+    fn copy_hashing_matches_crc32fast() {
+        if !fused_available() {
+            eprintln!("copy_hashing_matches_crc32fast: this CPU has no AVX-512 with VPCLMULQDQ; only the fallback (copy, then crc32fast) was checked");
+        }
+        let src: Vec<u8> = (0..9000u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8)
+            .collect();
+        for len in [
+            0, 1, 255, 256, 257, 511, 512, 768, 1024, 4095, 4096, 4099, 8192,
+        ] {
+            for (off, init) in [(0, 0u32), (3, 0xffff_ffff), (61, 0x1234_5678)] {
+                let mut dst = vec![0u8; len + 7];
+                let got = copy_hashing(init, &src[off..off + len], &mut dst[5..5 + len]);
+                let mut h = Hasher::new_with_initial(init);
+                h.update(&src[off..off + len]);
+                assert_eq!(
+                    got,
+                    h.finalize(),
+                    "{len} bytes from {off}, initial {init:#x}"
+                );
+                assert_eq!(&dst[5..5 + len], &src[off..off + len]);
+                assert_eq!(&dst[..5], &[0; 5]);
+                assert_eq!(&dst[5 + len..], &[0; 2]);
+            }
+        }
+    }
+
+    proptest::proptest! {
+        /// Any bytes, any length to 6 KiB, any initial CRC: crc32fast's CRC, and the bytes.
+        #[test]
+        fn copy_hashing_any_bytes(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..6200),
+            init in proptest::prelude::any::<u32>(),
+        ) {
+            let mut dst = vec![0u8; bytes.len()];
+            let got = copy_hashing(init, &bytes, &mut dst);
+            let mut h = Hasher::new_with_initial(init);
+            h.update(&bytes);
+            proptest::prop_assert_eq!(got, h.finalize());
+            proptest::prop_assert_eq!(dst, bytes);
+        }
+    }
+
+    #[test]
+    fn pad_bytes_bitwise() {
+        for n in 0..4 {
+            let mut h = Hasher::new_with_initial(0xdead_beef);
+            h.update(&[0, 7, 0xff][..n.min(3)]);
+            assert_eq!(
+                update_bitwise(0xdead_beef, &[0, 7, 0xff][..n.min(3)]),
+                h.finalize()
+            );
+        }
+    }
 
     #[test]
     fn crc_of_eight_ones_constant() {

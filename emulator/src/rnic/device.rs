@@ -434,7 +434,7 @@ impl Dev {
         ext: &ExtHeaders,
         buf: &mut [u8],
         payload_len: usize,
-        fill: impl FnOnce(&MemTable, &mut [u8]),
+        fill: impl FnOnce(&MemTable, &mut rocemu_wire::icrc::Payload<'_>),
     ) -> Result<usize, rocemu_wire::BuildError> {
         match (&qp.tmpl, ud) {
             (Some(t), None) => {

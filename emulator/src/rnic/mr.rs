@@ -11,6 +11,7 @@ use super::slots::GenSlots;
 use super::verbs::{Access, PdId, Sge, WcStatus};
 use crate::dma::ForeignMem;
 use crate::rng::KeyRng;
+use rocemu_wire::icrc::CopyIn;
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -69,13 +70,10 @@ fn null_inside(len: u64, off: usize, n: usize) -> bool {
     (off as u64).checked_add(n as u64).is_some_and(|e| e <= len)
 }
 
-// The foreign copies out of line: the owned path (every in-process tool's hot loop) stays as
-// small as it was, and a foreign copy costs one call more, next to nothing beside the copy.
-#[inline(never)]
-fn foreign_read(f: &ForeignMem, off: usize, out: &mut [u8]) -> bool {
-    f.read_at(off as u64, out).is_ok()
-}
-
+// The foreign writes out of line: the owned path (every in-process tool's hot loop) stays as
+// small as it was, and a foreign copy costs one call more, next to nothing beside the copy. (The
+// foreign read is inline: out of line, it took the packet's `Payload` by reference, which put
+// the whole payload in memory on the owned path too.)
 #[inline(never)]
 fn foreign_write(f: &ForeignMem, off: usize, data: &[u8]) -> bool {
     f.write_at(off as u64, data).is_ok()
@@ -111,19 +109,37 @@ impl Backing {
     /// Copies `out.len()` bytes from `off` into `out`; false (and nothing copied) outside.
     #[inline]
     pub fn read(&self, off: usize, out: &mut [u8]) -> bool {
+        let n = out.len();
+        self.read_into(off, out, 0, n)
+    }
+
+    /// Copies `n` bytes from `off` to `at` in `out` (a buffer, or a packet's payload that
+    /// hashes its ICRC as it is copied); false (and nothing copied) when they are not inside
+    /// the region or do not fit `out`.
+    #[inline(always)]
+    pub fn read_into<D: CopyIn + ?Sized>(
+        &self,
+        off: usize,
+        out: &mut D,
+        at: usize,
+        n: usize,
+    ) -> bool {
+        if at.checked_add(n).is_none_or(|e| e > out.room()) {
+            return false;
+        }
         match self {
-            Backing::Owned(v) => match off.checked_add(out.len()).and_then(|e| v.get(off..e)) {
+            Backing::Owned(v) => match off.checked_add(n).and_then(|e| v.get(off..e)) {
                 Some(src) => {
-                    out.copy_from_slice(src);
+                    out.copy_in(at, src);
                     true
                 }
                 None => false,
             },
-            Backing::Foreign(f) => foreign_read(f, off, out),
+            Backing::Foreign(f) => f.read_into(off as u64, out, at, n).is_ok(),
             Backing::Null(len) => {
-                let inside = null_inside(*len, off, out.len());
+                let inside = null_inside(*len, off, n);
                 if inside {
-                    out.fill(0);
+                    out.zero(at, n);
                 }
                 inside
             }
@@ -464,15 +480,16 @@ impl MemTable {
     /// `gather` of `out.len()` bytes `at` bytes into a single SGE that [`MemTable::check_sge`]
     /// just checked (found at `start` in region `i`), with no change to the table since: the
     /// caller guarantees `at + out.len()` is within the SGE.
-    #[inline]
-    pub fn read_checked(
+    #[inline(always)]
+    pub fn read_checked<D: CopyIn + ?Sized>(
         &self,
         (i, start): (usize, usize),
         at: u64,
-        out: &mut [u8],
+        out: &mut D,
     ) -> Result<(), LocalFault> {
+        let n = out.room();
         match self.mrs.get(i).and_then(Option::as_ref) {
-            Some(mr) if mr.data.read(start + at as usize, out) => Ok(()),
+            Some(mr) if mr.data.read_into(start + at as usize, out, 0, n) => Ok(()),
             _ => Err(LocalFault::Protection),
         }
     }
@@ -513,33 +530,34 @@ impl MemTable {
     /// `pd` into `out`. Every region is looked up again: one deregistered since the WQE was
     /// checked fails the copy (`LocProtErr`, as rxe's `copy_data`), and the caller must then
     /// not send what `out` holds. A list too short for `out` is a length error.
-    pub fn gather(
+    pub fn gather<D: CopyIn + ?Sized>(
         &self,
         pd: PdId,
         sges: &[Sge],
         offset: u64,
-        out: &mut [u8],
+        out: &mut D,
     ) -> Result<(), LocalFault> {
+        let len = out.room();
         // The usual case: one SGE holds the whole piece.
         if let [s] = sges {
-            if offset + out.len() as u64 <= s.length as u64 {
-                let (i, r) = self.piece(pd, s, offset, out.len(), false)?;
+            if offset + len as u64 <= s.length as u64 {
+                let (i, r) = self.piece(pd, s, offset, len, false)?;
                 return match self.mrs[i].as_ref() {
-                    Some(mr) if mr.data.read(r.start, out) => Ok(()),
+                    Some(mr) if mr.data.read_into(r.start, out, 0, len) => Ok(()),
                     _ => Err(LocalFault::Protection),
                 };
             }
         }
         let mut done = 0;
-        for (s, at, range) in pieces(sges, offset, out.len()) {
+        for (s, at, range) in pieces(sges, offset, len) {
             let (i, r) = self.piece(pd, s, at, range.len(), false)?;
             match self.mrs[i].as_ref() {
-                Some(mr) if mr.data.read(r.start, &mut out[range.clone()]) => {}
+                Some(mr) if mr.data.read_into(r.start, out, range.start, range.len()) => {}
                 _ => return Err(LocalFault::Protection),
             }
             done = range.end;
         }
-        if done == out.len() {
+        if done == len {
             Ok(())
         } else {
             Err(LocalFault::Length)
@@ -712,10 +730,10 @@ mod tests {
             "too long"
         );
         let mut out = [0u8; 24];
-        assert_eq!(t.gather(pd, &sges, 0, &mut out), Ok(()));
+        assert_eq!(t.gather(pd, &sges, 0, &mut out[..]), Ok(()));
         assert_eq!(&out[..20], &data[..20]);
         assert_eq!(
-            t.gather(pd, &sges, 1, &mut out),
+            t.gather(pd, &sges, 1, &mut out[..]),
             Err(LocalFault::Length),
             "too long"
         );
@@ -776,22 +794,28 @@ mod tests {
             },
         ];
         let mut out = [0u8; 8];
-        assert_eq!(t.gather(pd, &one, 0, &mut out), Ok(()));
+        assert_eq!(t.gather(pd, &one, 0, &mut out[..]), Ok(()));
         assert_eq!(
-            t.gather(other, &one, 0, &mut out),
+            t.gather(other, &one, 0, &mut out[..]),
             Err(LocalFault::Protection),
             "another PD"
         );
         assert!(t.deregister(b.lkey).is_some());
         let mut out = [0u8; 24];
-        assert_eq!(t.gather(pd, &two, 0, &mut out), Err(LocalFault::Protection));
+        assert_eq!(
+            t.gather(pd, &two, 0, &mut out[..]),
+            Err(LocalFault::Protection)
+        );
         assert_eq!(
             t.scatter(pd, &two, 12, &[1; 8]),
             Err(LocalFault::Protection)
         );
         assert!(t.deregister(a.lkey).is_some());
         let mut out = [0u8; 8];
-        assert_eq!(t.gather(pd, &one, 0, &mut out), Err(LocalFault::Protection));
+        assert_eq!(
+            t.gather(pd, &one, 0, &mut out[..]),
+            Err(LocalFault::Protection)
+        );
         assert_eq!(t.scatter(pd, &one, 0, &[1; 8]), Err(LocalFault::Protection));
     }
 }

@@ -241,7 +241,9 @@ pub(crate) fn produce(dev: &mut Dev, qp: &mut Qp, _now: Nanos, buf: &mut [u8]) -
                     if let Some((mr, o)) = src {
                         // Checked just above, so the read succeeds; were it not, no stale
                         // bytes of an earlier frame go out.
-                        if !matches!(mem.mrs.get(mr), Some(Some(m)) if m.data.read(o, d)) {
+                        let n = d.len();
+                        if !matches!(mem.mrs.get(mr), Some(Some(m)) if m.data.read_into(o, d, 0, n))
+                        {
                             d.fill(0);
                         }
                     }
