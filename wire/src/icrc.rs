@@ -206,9 +206,7 @@ fn masked_in_place<const N: usize>(
     // rest by the wide kernel (and crc32fast for its last partial block), nothing written.
     #[cfg(target_arch = "x86_64")]
     if end - 4 >= base + 16 * N + wide::BLOCK && wide::available() {
-        if let Some(head) = fold::head(&frame[base + 8..base + 16 * N], mask) {
-            return wide::crc(head, &frame[base + 16 * N..end - 4]);
-        }
+        return wide::masked(&frame[base + 8..end - 4], mask);
     }
     let mut saved = [[0u8; 16]; N];
     for (i, m) in mask.iter().enumerate() {
@@ -297,17 +295,32 @@ mod fold {
         Some(unsafe { kernel(dg, mask) })
     }
 
-    /// The CRC of the LRH stand-in and the masked head `dg` (its `16 N - 8` bytes after the
-    /// stand-in, all of them in the mask's chunks), for a long packet whose rest goes to the
-    /// wide kernel; `None` on a CPU without PCLMULQDQ.
+    /// The fold (128 bits, not reduced, aligned with the next 16 bytes) of the LRH stand-in and
+    /// the masked head `dg` (its `16 N - 8` bytes after the stand-in, all of them in the mask's
+    /// chunks): where the wide kernel takes over a long packet. Inlined into the wide kernel's
+    /// callers, so that it is encoded as they are (VEX) and nothing is reduced in between.
     #[inline]
-    pub(super) fn head<const N: usize>(dg: &[u8], mask: &[[u8; 16]; N]) -> Option<u32> {
-        if !available() {
-            return None;
-        }
+    #[target_feature(
+        enable = "pclmulqdq",
+        enable = "sse2",
+        enable = "sse4.1",
+        enable = "ssse3"
+    )]
+    pub(super) fn head_state<const N: usize>(dg: &[u8], mask: &[[u8; 16]; N]) -> a::__m128i {
         assert!(N >= 3 && dg.len() + 8 == 16 * N);
-        // SAFETY: `kernel` needs only the CPU features `available` has just checked.
-        Some(unsafe { kernel(dg, mask) })
+        let k3k4 = a::_mm_set_epi64x(K4, K3);
+        // SAFETY: dg has at least 40 bytes; the load needs no alignment.
+        let first = unsafe { a::_mm_loadl_epi64(dg[..8].as_ptr().cast()) };
+        let b0 = a::_mm_or_si128(
+            a::_mm_unpacklo_epi64(a::_mm_set1_epi8(-1), first),
+            load(&mask[0]),
+        );
+        let mut x = a::_mm_xor_si128(b0, a::_mm_cvtsi32_si128(-1));
+        for (i, m) in mask.iter().enumerate().skip(1) {
+            x = fold16(x, a::_mm_or_si128(load(&dg[i * 16 - 8..]), load(m)), k3k4);
+        }
+        // Moved forward over the next 16 bytes, onto which it is XORed.
+        fold16(x, a::_mm_setzero_si128(), k3k4)
     }
 
     /// `chunk` (16 bytes) ORed with `m` in one 16-byte store: written as bytes, the mask's
@@ -379,6 +392,7 @@ mod fold {
     /// `x` (the fold of everything before `data[from..]`, not yet reduced) folded over
     /// `data[from..]`, then reduced: the CRC of it all. Needs `data.len() >= 16` when
     /// `data.len() - from` is not a multiple of 16. The wide kernel's last partial block.
+    #[inline]
     #[target_feature(
         enable = "pclmulqdq",
         enable = "sse2",
@@ -782,20 +796,14 @@ mod wide {
                 let has = std::is_x86_feature_detected!("avx512f")
                     && std::is_x86_feature_detected!("vpclmulqdq")
                     && std::is_x86_feature_detected!("pclmulqdq")
-                    && std::is_x86_feature_detected!("sse4.1");
+                    && std::is_x86_feature_detected!("sse4.1")
+                    && std::is_x86_feature_detected!("ssse3");
                 HAS.store(if has { 1 } else { 2 }, Ordering::Relaxed);
                 has
             }
         }
     }
 
-    /// Copies `dst.len()` bytes (a nonzero multiple of [`BLOCK`]) from `src` to `dst` and
-    /// returns the CRC of the bytes `crc` was the CRC of followed by them.
-    ///
-    /// # Safety
-    ///
-    /// The CPU has the features `available` checks; `src` is readable for `dst.len()` bytes and
-    /// does not overlap `dst`.
     /// Copies `dst.len()` bytes (at least [`BLOCK`]) from `src` to `dst` and returns the CRC of
     /// the bytes `crc` was the CRC of followed by them.
     ///
@@ -803,46 +811,60 @@ mod wide {
     ///
     /// The CPU has the features `available` checks; `src` is readable for `dst.len()` bytes and
     /// does not overlap `dst`.
+    #[target_feature(enable = "avx512f,vpclmulqdq,pclmulqdq,sse4.1,ssse3")]
     pub(super) unsafe fn copy_hashing(crc: u32, src: *const u8, dst: &mut [u8]) -> u32 {
         let n = dst.len();
         assert!(n >= BLOCK);
         let whole = n / 64 * 64;
         // SAFETY: the caller's promises; `dst` is `n >= whole` writable bytes.
-        let x = unsafe { kernel::<true>(crc, src, dst.as_mut_ptr(), whole) };
+        let init = a::_mm_cvtsi32_si128(!crc as i32);
+        let x = unsafe { kernel::<true>(init, src, dst.as_mut_ptr(), whole) };
         // SAFETY: as above, for the last `n - whole` bytes.
         unsafe {
             std::ptr::copy_nonoverlapping(src.add(whole), dst[whole..].as_mut_ptr(), n - whole)
         };
-        // SAFETY: `available` includes `fold_rest`'s features; `dst` holds at least 256 bytes.
-        unsafe { super::fold::fold_rest(x, dst, whole) }
+        // `dst` holds at least 256 bytes, as `fold_rest` needs.
+        super::fold::fold_rest(x, dst, whole)
     }
 
-    /// The CRC of the bytes `crc` was the CRC of followed by `bytes` (at least [`BLOCK`]): the
-    /// wide kernel over its whole 64-byte chunks, the 128-bit fold over the rest. The CPU must have the
-    /// features `available` checks.
+    /// The ICRC of a long packet: the LRH stand-in and `dg` (the datagram to the ICRC), its
+    /// first `16 N` bytes (the stand-in's included) ORed with `mask`: the head folded from
+    /// registers, the rest (at least [`BLOCK`] bytes) by the wide kernel over its whole 64-byte
+    /// chunks, and the 128-bit fold over what is left; one reduction at the end. The CPU must
+    /// have the features `available` checks.
     #[inline]
-    pub(super) fn crc(crc: u32, bytes: &[u8]) -> u32 {
-        assert!(bytes.len() >= BLOCK);
-        let whole = bytes.len() / 64 * 64;
-        // SAFETY: the caller checked the features; `bytes` is readable for `whole` bytes;
-        // nothing is written; `bytes` holds at least 256 bytes for `fold_rest`.
+    pub(super) fn masked<const N: usize>(dg: &[u8], mask: &[[u8; 16]; N]) -> u32 {
+        // SAFETY: the caller checked the features (which include `fold`'s).
+        unsafe { masked_kernel(dg, mask) }
+    }
+
+    #[target_feature(enable = "avx512f,vpclmulqdq,pclmulqdq,sse4.1,ssse3")]
+    fn masked_kernel<const N: usize>(dg: &[u8], mask: &[[u8; 16]; N]) -> u32 {
+        let h = 16 * N - 8;
+        let rest = &dg[h..];
+        assert!(rest.len() >= BLOCK);
+        let whole = rest.len() / 64 * 64;
+        let init = super::fold::head_state(&dg[..h], mask);
+        // SAFETY: `rest` is readable for `whole` bytes; nothing is written; `rest` holds at
+        // least 256 bytes for `fold_rest`; the features are this function's.
         unsafe {
-            let x = kernel::<false>(crc, bytes.as_ptr(), std::ptr::null_mut(), whole);
-            super::fold::fold_rest(x, bytes, whole)
+            let x = kernel::<false>(init, rest.as_ptr(), std::ptr::null_mut(), whole);
+            super::fold::fold_rest(x, rest, whole)
         }
     }
 
-    /// The fold (128 bits, not yet reduced) of the bytes `crc` was the CRC of followed by `n`
-    /// bytes at `src` (at least [`BLOCK`], a multiple of 64), copied to `d` on the way when
+    /// The fold (128 bits, not yet reduced) of what `init` stands for (a running CRC in its
+    /// register form, or a fold aligned with `src`, XORed onto the first 16 bytes) followed by
+    /// `n` bytes at `src` (at least [`BLOCK`], a multiple of 64), copied to `d` on the way when
     /// `COPY`: four streams over whole blocks, then one over the 64-byte rest.
     ///
     /// # Safety
     ///
     /// The CPU has the features `available` checks; `src` is readable for `n` bytes, and with
     /// `COPY` `dst` is writable for `n` bytes and does not overlap it.
-    #[target_feature(enable = "avx512f,vpclmulqdq,pclmulqdq,sse4.1")]
+    #[target_feature(enable = "avx512f,vpclmulqdq,pclmulqdq,sse4.1,ssse3")]
     unsafe fn kernel<const COPY: bool>(
-        crc: u32,
+        init: a::__m128i,
         src: *const u8,
         d: *mut u8,
         n: usize,
@@ -892,11 +914,9 @@ mod wide {
         }
         let (mut x0, mut x1, mut x2, mut x3) =
             (copy64!(0), copy64!(64), copy64!(128), copy64!(192));
-        // The running CRC enters as the first four bytes' XOR (inverted: the register form).
-        x0 = a::_mm512_xor_si512(
-            x0,
-            a::_mm512_castsi128_si512(a::_mm_cvtsi32_si128(!crc as i32)),
-        );
+        // What came before enters XORed onto the first 16 bytes: a running CRC as the first four
+        // bytes (inverted: the register form), or the head's fold.
+        x0 = a::_mm512_xor_si512(x0, a::_mm512_zextsi128_si512(init));
         let k2048 = kz!(2048);
         let mut o = BLOCK;
         while n - o >= BLOCK {
