@@ -639,12 +639,6 @@ impl<'a> Payload<'a> {
         }
     }
 
-    /// A payload that is never hashed as it is copied: for tests and for writers outside a
-    /// frame.
-    pub fn plain(buf: &'a mut [u8]) -> Self {
-        Payload::new(buf, 0, None)
-    }
-
     /// The CRC of the frame's covered bytes to the payload's end, when every payload byte was
     /// hashed as it was copied.
     #[inline(always)]
