@@ -108,7 +108,7 @@ impl ForeignMem {
         n: usize,
     ) -> Result<(), ()> {
         let off = self.range(off, n)?;
-        if at.checked_add(n).is_none_or(|e| e > out.room()) {
+        if !out.fits(at, n) {
             return Err(());
         }
         if n == 0 {

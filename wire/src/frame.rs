@@ -580,20 +580,43 @@ pub(crate) fn emit_transport(
     bth.emit(&mut buf[b..]);
     let e = b + len::BTH;
     let p = e + ext.emit(info, &mut buf[e..]);
+    emit_payload(buf, p, payload_len, bth.pad, ip, fill, icrc);
+}
+
+/// The end of a packet whose headers are written up to `p`: `payload_len` bytes from `fill`
+/// (hashed as they are copied where they can be, see [`icrc::Payload`]), `pad` zero bytes and
+/// the ICRC (zero without `icrc`). The tail of both builders, [`FrameRepr::emit`]'s and the
+/// header template's.
+#[inline(always)]
+pub(crate) fn emit_payload(
+    buf: &mut [u8],
+    p: usize,
+    payload_len: usize,
+    pad: u8,
+    ip: (usize, usize, bool),
+    fill: impl FnOnce(&mut icrc::Payload<'_>),
+    icrc: bool,
+) {
     let mut payload = icrc::Payload::new(&mut buf[..p + payload_len], p, icrc.then_some(ip));
     fill(&mut payload);
     let hashed = payload.hashed();
-    let pad_end = p + payload_len + bth.pad as usize;
+    let pad_end = p + payload_len + pad as usize;
     // At most three bytes: a loop, not a memset call (most packets have none).
     for b in &mut buf[p + payload_len..pad_end] {
         *b = 0;
     }
-    if !icrc {
-        buf[pad_end..pad_end + 4].fill(0);
-        return;
-    }
-    let c = icrc::finish(buf, ip, hashed, p + payload_len, pad_end + len::ICRC);
-    buf[pad_end..pad_end + 4].copy_from_slice(&icrc::to_wire(c));
+    let c = if icrc {
+        icrc::to_wire(icrc::finish(
+            buf,
+            ip,
+            hashed,
+            p + payload_len,
+            pad_end + len::ICRC,
+        ))
+    } else {
+        [0; 4]
+    };
+    buf[pad_end..pad_end + len::ICRC].copy_from_slice(&c);
 }
 
 /// The pad count that brings a payload to a multiple of four bytes (IBTA 9.2: PadCnt).

@@ -231,6 +231,23 @@ fn masked_in_place<const N: usize>(
     crc
 }
 
+/// `detect()`, asked the first time and kept in `flag` (0 not yet asked, 1 yes, 2 no): the CPU
+/// feature checks of the kernels, one load each time after the first.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+fn detect_once(flag: &std::sync::atomic::AtomicU8, detect: impl FnOnce() -> bool) -> bool {
+    use std::sync::atomic::Ordering;
+    match flag.load(Ordering::Relaxed) {
+        1 => true,
+        2 => false,
+        _ => {
+            let has = detect();
+            flag.store(if has { 1 } else { 2 }, Ordering::Relaxed);
+            has
+        }
+    }
+}
+
 /// Packets (from the LRH stand-in to the ICRC, exclusive) shorter than this are hashed by
 /// `fold`; longer ones by crc32fast, masked in place.
 pub const FOLD_MAX: usize = 256;
@@ -248,7 +265,7 @@ pub const FOLD_MAX: usize = 256;
 #[allow(unsafe_code)]
 mod fold {
     use core::arch::x86_64 as a;
-    use std::sync::atomic::{AtomicU8, Ordering};
+    use std::sync::atomic::AtomicU8;
 
     /// x^(512+32) mod P and x^(512-32) mod P, reflected: a 512-bit fold (four streams).
     pub(super) const K1: i64 = 0x154442bd4;
@@ -267,17 +284,11 @@ mod fold {
     #[inline]
     fn available() -> bool {
         static HAS: AtomicU8 = AtomicU8::new(0);
-        match HAS.load(Ordering::Relaxed) {
-            1 => true,
-            2 => false,
-            _ => {
-                let has = std::is_x86_feature_detected!("pclmulqdq")
-                    && std::is_x86_feature_detected!("sse4.1")
-                    && std::is_x86_feature_detected!("ssse3");
-                HAS.store(if has { 1 } else { 2 }, Ordering::Relaxed);
-                has
-            }
-        }
+        super::detect_once(&HAS, || {
+            std::is_x86_feature_detected!("pclmulqdq")
+                && std::is_x86_feature_detected!("sse4.1")
+                && std::is_x86_feature_detected!("ssse3")
+        })
     }
 
     /// The CRC-32 (zlib: initial ones, final complement) of eight 0xFF bytes (the LRH stand-in)
@@ -309,13 +320,7 @@ mod fold {
     pub(super) fn head_state<const N: usize>(dg: &[u8], mask: &[[u8; 16]; N]) -> a::__m128i {
         assert!(N >= 3 && dg.len() + 8 == 16 * N);
         let k3k4 = a::_mm_set_epi64x(K4, K3);
-        // SAFETY: dg has at least 40 bytes; the load needs no alignment.
-        let first = unsafe { a::_mm_loadl_epi64(dg[..8].as_ptr().cast()) };
-        let b0 = a::_mm_or_si128(
-            a::_mm_unpacklo_epi64(a::_mm_set1_epi8(-1), first),
-            load(&mask[0]),
-        );
-        let mut x = a::_mm_xor_si128(b0, a::_mm_cvtsi32_si128(-1));
+        let mut x = first_block(dg, &mask[0]);
         for (i, m) in mask.iter().enumerate().skip(1) {
             x = fold16(x, a::_mm_or_si128(load(&dg[i * 16 - 8..]), load(m)), k3k4);
         }
@@ -354,15 +359,7 @@ mod fold {
         };
         let len = dg.len() + 8;
         let blocks = len / 16;
-        // Block 0: eight bytes of ones, then dg's first eight, put together in a register (a
-        // 16-byte load of bytes just stored piecewise would wait for the stores to retire).
-        // SAFETY: dg has at least 8 bytes (the assert in `masked`); the load needs no alignment.
-        let first = unsafe { a::_mm_loadl_epi64(dg[..8].as_ptr().cast()) };
-        let b0 = a::_mm_or_si128(
-            a::_mm_unpacklo_epi64(a::_mm_set1_epi8(-1), first),
-            load(&mask[0]),
-        );
-        let mut x = a::_mm_xor_si128(b0, a::_mm_cvtsi32_si128(-1));
+        let mut x = first_block(dg, &mask[0]);
         let mut i = 1;
         if blocks >= 8 {
             // Four streams (block i into stream i mod 4), each folded 512 bits forward, so that
@@ -453,6 +450,19 @@ mod fold {
         !(a::_mm_extract_epi32(a::_mm_xor_si128(x, t2), 1) as u32)
     }
 
+    /// Block 0 of a packet, with the CRC's initial ones XORed in: eight bytes of ones (the LRH
+    /// stand-in), then `dg`'s first eight, put together in a register (a 16-byte load of bytes
+    /// just stored piecewise would wait for the stores to retire), ORed with `m`.
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    fn first_block(dg: &[u8], m: &[u8; 16]) -> a::__m128i {
+        let dg = &dg[..8];
+        // SAFETY: 8 readable bytes; the load needs no alignment.
+        let first = unsafe { a::_mm_loadl_epi64(dg.as_ptr().cast()) };
+        let b0 = a::_mm_or_si128(a::_mm_unpacklo_epi64(a::_mm_set1_epi8(-1), first), load(m));
+        a::_mm_xor_si128(b0, a::_mm_cvtsi32_si128(-1))
+    }
+
     /// The first 16 bytes of `b` (bounds-checked).
     #[inline]
     #[target_feature(enable = "sse2")]
@@ -462,10 +472,10 @@ mod fold {
         unsafe { a::_mm_loadu_si128(b.as_ptr().cast()) }
     }
 
-    /// x folded 128 bits forward onto b.
+    /// x folded 128 bits forward onto b (with `k` = K3, K4; other distances with theirs).
     #[inline]
     #[target_feature(enable = "pclmulqdq", enable = "sse2")]
-    fn fold16(x: a::__m128i, b: a::__m128i, k: a::__m128i) -> a::__m128i {
+    pub(super) fn fold16(x: a::__m128i, b: a::__m128i, k: a::__m128i) -> a::__m128i {
         let lo = a::_mm_clmulepi64_si128(x, k, 0x00);
         let hi = a::_mm_clmulepi64_si128(x, k, 0x11);
         a::_mm_xor_si128(a::_mm_xor_si128(b, lo), hi)
@@ -555,6 +565,11 @@ fn update_bitwise(crc: u32, bytes: &[u8]) -> u32 {
 pub trait CopyIn {
     /// Bytes it holds.
     fn room(&self) -> usize;
+    /// Whether `n` bytes at `at` fit (the check before a copy that must not panic).
+    #[inline]
+    fn fits(&self, at: usize, n: usize) -> bool {
+        at.checked_add(n).is_some_and(|e| e <= self.room())
+    }
     /// Copies `src` to `at`. Panics if it does not fit.
     fn copy_in(&mut self, at: usize, src: &[u8]);
     /// Copies `n` bytes from `src` to `at`. Panics if they do not fit.
@@ -602,17 +617,15 @@ pub struct Payload<'a> {
     /// The frame up to the payload's end.
     frame: &'a mut [u8],
     /// Where the payload starts in `frame`.
-    at: u32,
-    /// Payload bytes hashed so far, and the CRC of the frame's covered bytes up to them.
-    hashed: u32,
-    crc: u32,
+    at: usize,
     /// The IP header's place (offset, length, IPv6), for the head's CRC.
-    l3: u16,
-    ihl: u8,
-    v6: bool,
+    ip: (usize, usize, bool),
     /// Whether the payload is being hashed as it is copied: false once anything else happened
     /// (or from the start, when it cannot be).
     fusing: bool,
+    /// Payload bytes hashed so far, and the CRC of the frame's covered bytes up to them.
+    hashed: usize,
+    crc: u32,
 }
 
 impl<'a> Payload<'a> {
@@ -620,22 +633,14 @@ impl<'a> Payload<'a> {
     /// is given, it is long enough and the CPU has the kernel.
     #[inline(always)]
     pub(crate) fn new(frame: &'a mut [u8], at: usize, ip: Option<(usize, usize, bool)>) -> Self {
-        let (l3, ihl, v6) = ip.unwrap_or((0, 0, false));
-        let fusing = ip.is_some()
-            && frame.len() - at >= FUSE_MIN
-            && frame.len() <= u32::MAX as usize
-            && l3 <= u16::MAX as usize
-            && ihl <= u8::MAX as usize
-            && fused_available();
+        let fusing = ip.is_some() && frame.len() - at >= FUSE_MIN && fused_available();
         Payload {
             frame,
-            at: at as u32,
+            at,
+            ip: ip.unwrap_or_default(),
+            fusing,
             hashed: 0,
             crc: 0,
-            l3: l3 as u16,
-            ihl: ihl as u8,
-            v6,
-            fusing,
         }
     }
 
@@ -643,22 +648,21 @@ impl<'a> Payload<'a> {
     /// hashed as it was copied.
     #[inline(always)]
     pub(crate) fn hashed(&self) -> Option<u32> {
-        (self.fusing && self.hashed as usize == self.frame.len() - self.at as usize)
-            .then_some(self.crc)
+        (self.fusing && self.hashed == self.frame.len() - self.at).then_some(self.crc)
     }
 
     /// Whether bytes copied to `at` can go on with the hash (the next byte it needs); if `at`
     /// is the first, the frame's covered bytes before the payload are hashed now.
     #[inline(always)]
     fn hash_from(&mut self, at: usize) -> bool {
-        if !self.fusing || at != self.hashed as usize {
+        if !self.fusing || at != self.hashed {
             self.fusing = false;
             return false;
         }
         if at == 0 {
             // The head: the LRH stand-in and the masked headers up to the payload.
-            let (l3, ihl) = (self.l3 as usize, self.ihl as usize);
-            self.crc = compute_in_place(self.frame, l3, ihl, self.v6, self.at as usize + 4);
+            let (l3, ihl, v6) = self.ip;
+            self.crc = compute_in_place(self.frame, l3, ihl, v6, self.at + 4);
         }
         true
     }
@@ -673,12 +677,12 @@ impl<'a> Payload<'a> {
     #[allow(unsafe_code)]
     unsafe fn put(&mut self, at: usize, src: *const u8, n: usize) {
         let hash = self.hash_from(at);
-        let start = self.at as usize + at;
+        let start = self.at + at;
         let dst = &mut self.frame[start..start + n];
         if hash {
             // SAFETY: the caller's promise about `src`.
             self.crc = unsafe { copy_hashing_raw(self.crc, src, dst) };
-            self.hashed += n as u32;
+            self.hashed += n;
         } else {
             // SAFETY: as above; `dst` is `n` writable bytes.
             unsafe { std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), n) };
@@ -688,7 +692,7 @@ impl<'a> Payload<'a> {
 
 impl CopyIn for Payload<'_> {
     fn room(&self) -> usize {
-        self.frame.len() - self.at as usize
+        self.frame.len() - self.at
     }
     #[inline(always)]
     fn copy_in(&mut self, at: usize, src: &[u8]) {
@@ -707,7 +711,7 @@ impl CopyIn for Payload<'_> {
     }
     fn zero(&mut self, at: usize, n: usize) {
         self.fusing = false;
-        let start = self.at as usize + at;
+        let start = self.at + at;
         self.frame[start..start + n].fill(0);
     }
 }
@@ -716,7 +720,7 @@ impl std::ops::Deref for Payload<'_> {
     type Target = [u8];
     #[inline]
     fn deref(&self) -> &[u8] {
-        &self.frame[self.at as usize..]
+        &self.frame[self.at..]
     }
 }
 
@@ -725,7 +729,7 @@ impl std::ops::DerefMut for Payload<'_> {
     #[inline]
     fn deref_mut(&mut self) -> &mut [u8] {
         self.fusing = false;
-        &mut self.frame[self.at as usize..]
+        &mut self.frame[self.at..]
     }
 }
 
@@ -755,7 +759,7 @@ pub(crate) fn finish(
 #[allow(unsafe_code)]
 mod wide {
     use core::arch::x86_64 as a;
-    use std::sync::atomic::{AtomicU8, Ordering};
+    use std::sync::atomic::AtomicU8;
 
     /// The least the kernel takes: four streams of 64 bytes.
     pub(super) const BLOCK: usize = 256;
@@ -779,23 +783,18 @@ mod wide {
         ((xpow(n).reverse_bits() as u64) << 1) as i64
     }
 
-    /// Whether the CPU has AVX-512F and VPCLMULQDQ (asked once, then one load).
+    /// Whether the CPU has AVX-512F and VPCLMULQDQ, and what the 128-bit fold inlined into the
+    /// kernel's callers needs (asked once, then one load).
     #[inline]
     pub(super) fn available() -> bool {
         static HAS: AtomicU8 = AtomicU8::new(0);
-        match HAS.load(Ordering::Relaxed) {
-            1 => true,
-            2 => false,
-            _ => {
-                let has = std::is_x86_feature_detected!("avx512f")
-                    && std::is_x86_feature_detected!("vpclmulqdq")
-                    && std::is_x86_feature_detected!("pclmulqdq")
-                    && std::is_x86_feature_detected!("sse4.1")
-                    && std::is_x86_feature_detected!("ssse3");
-                HAS.store(if has { 1 } else { 2 }, Ordering::Relaxed);
-                has
-            }
-        }
+        super::detect_once(&HAS, || {
+            std::is_x86_feature_detected!("avx512f")
+                && std::is_x86_feature_detected!("vpclmulqdq")
+                && std::is_x86_feature_detected!("pclmulqdq")
+                && std::is_x86_feature_detected!("sse4.1")
+                && std::is_x86_feature_detected!("ssse3")
+        })
     }
 
     /// Copies `dst.len()` bytes (at least [`BLOCK`]) from `src` to `dst` and returns the CRC of
@@ -810,8 +809,8 @@ mod wide {
         let n = dst.len();
         assert!(n >= BLOCK);
         let whole = n / 64 * 64;
-        // SAFETY: the caller's promises; `dst` is `n >= whole` writable bytes.
         let init = a::_mm_cvtsi32_si128(!crc as i32);
+        // SAFETY: the caller's promises; `dst` is `n >= whole` writable bytes.
         let x = unsafe { kernel::<true>(init, src, dst.as_mut_ptr(), whole) };
         // SAFETY: as above, for the last `n - whole` bytes.
         unsafe {
@@ -877,12 +876,15 @@ mod wide {
                 v
             }};
         }
+        // A fold's constants over `$dist` bits, in a 128-bit lane and in all four of a zmm.
+        macro_rules! k128 {
+            ($dist:expr) => {
+                a::_mm_set_epi64x(const { k($dist - 32) }, const { k($dist + 32) })
+            };
+        }
         macro_rules! kz {
             ($dist:expr) => {
-                a::_mm512_broadcast_i32x4(a::_mm_set_epi64x(
-                    const { k($dist - 32) },
-                    const { k($dist + 32) },
-                ))
+                a::_mm512_broadcast_i32x4(k128!($dist))
             };
         }
         macro_rules! fold512 {
@@ -893,18 +895,6 @@ mod wide {
                     $y,
                 )
             };
-        }
-        macro_rules! fold128 {
-            ($x:expr, $y:expr, $dist:expr) => {{
-                let k = a::_mm_set_epi64x(const { k($dist - 32) }, const { k($dist + 32) });
-                a::_mm_xor_si128(
-                    a::_mm_xor_si128(
-                        a::_mm_clmulepi64_si128($x, k, 0x00),
-                        a::_mm_clmulepi64_si128($x, k, 0x11),
-                    ),
-                    $y,
-                )
-            }};
         }
         let (mut x0, mut x1, mut x2, mut x3) =
             (copy64!(0), copy64!(64), copy64!(128), copy64!(192));
@@ -941,9 +931,9 @@ mod wide {
         let l1 = a::_mm512_extracti32x4_epi32::<1>(x);
         let l2 = a::_mm512_extracti32x4_epi32::<2>(x);
         let l3 = a::_mm512_extracti32x4_epi32::<3>(x);
-        let x = fold128!(l2, l3, 128);
-        let x = fold128!(l1, x, 256);
-        fold128!(l0, x, 384)
+        let x = super::fold::fold16(l2, l3, k128!(128));
+        let x = super::fold::fold16(l1, x, k128!(256));
+        super::fold::fold16(l0, x, k128!(384))
     }
 }
 

@@ -13,7 +13,7 @@
 //! [`HeaderTemplate::without_icrc`], whose frames carry a zero ICRC.
 use crate::error::BuildError;
 use crate::eth::{ETHERTYPE_IPV4, ETHERTYPE_IPV6};
-use crate::frame::{emit_transport, FrameRepr, IpRepr};
+use crate::frame::{emit_payload, emit_transport, FrameRepr, IpRepr};
 use crate::headers::{BthRepr, ExtHeaders, RethRepr};
 use crate::icrc;
 use crate::ip::{word_sum, IPV4_MIN_HEADER_LEN, IPV6_HEADER_LEN, PROTO_UDP};
@@ -168,7 +168,7 @@ impl HeaderTemplate {
                 Ok(()) => BuildError::Invalid("extension headers of another layout"),
             });
         }
-        let (total, (l3, ihl, v6)) = self.head(buf, ident, bth, info.ext_len, payload_len)?;
+        let (total, ip) = self.head(buf, ident, bth, info.ext_len, payload_len)?;
         let buf = &mut buf[..total];
         let b = self.len as usize;
         bth.emit(&mut buf[b..]);
@@ -181,29 +181,7 @@ impl HeaderTemplate {
             buf[p..p + len::IMM].copy_from_slice(&i.to_be_bytes());
             p += len::IMM;
         }
-        let mut payload = icrc::Payload::new(
-            &mut buf[..p + payload_len],
-            p,
-            self.icrc.then_some((l3, ihl, v6)),
-        );
-        fill(&mut payload);
-        let hashed = payload.hashed();
-        let pad_end = p + payload_len + bth.pad as usize;
-        for x in &mut buf[p + payload_len..pad_end] {
-            *x = 0;
-        }
-        let c = if self.icrc {
-            icrc::to_wire(icrc::finish(
-                buf,
-                (l3, ihl, v6),
-                hashed,
-                p + payload_len,
-                total,
-            ))
-        } else {
-            [0; 4]
-        };
-        buf[pad_end..total].copy_from_slice(&c);
+        emit_payload(buf, p, payload_len, bth.pad, ip, fill, self.icrc);
         Ok(total)
     }
 

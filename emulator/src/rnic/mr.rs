@@ -125,7 +125,7 @@ impl Backing {
         at: usize,
         n: usize,
     ) -> bool {
-        if at.checked_add(n).is_none_or(|e| e > out.room()) {
+        if !out.fits(at, n) {
             return false;
         }
         match self {
