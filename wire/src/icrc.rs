@@ -294,8 +294,8 @@ mod fold {
     /// The CRC-32 (zlib: initial ones, final complement) of eight 0xFF bytes (the LRH stand-in)
     /// and then the datagram `dg`, its first `16 * N` bytes (the stand-in's included) ORed with
     /// `mask`; `None` on a CPU without PCLMULQDQ or for a packet of [`FOLD_MAX`](super::FOLD_MAX)
-    /// bytes or more (crc32fast's wider folds, AVX-512 where the CPU has it, are what a long
-    /// packet needs). Panics if `N < 3` or `dg` is shorter than the masked head.
+    /// bytes or more (a long packet goes to `wide` where the CPU has AVX-512 and VPCLMULQDQ,
+    /// else to crc32fast's wider folds). Panics if `N < 3` or `dg` is shorter than the masked head.
     #[inline(always)] // a long packet then pays one comparison, not a call
     pub(super) fn masked<const N: usize>(dg: &[u8], mask: &[[u8; 16]; N]) -> Option<u32> {
         if dg.len() + 8 >= super::FOLD_MAX || !available() {
