@@ -233,18 +233,22 @@ fn masked_in_place<const N: usize>(
 
 /// `detect()`, asked the first time and kept in `flag` (0 not yet asked, 1 yes, 2 no): the CPU
 /// feature checks of the kernels, one load each time after the first.
+/// The load is inlined into the kernels' callers, the first time's checks kept out of line.
 #[cfg(target_arch = "x86_64")]
-#[inline]
+#[inline(always)]
 fn detect_once(flag: &std::sync::atomic::AtomicU8, detect: impl FnOnce() -> bool) -> bool {
     use std::sync::atomic::Ordering;
+    #[cold]
+    #[inline(never)]
+    fn first(flag: &std::sync::atomic::AtomicU8, detect: impl FnOnce() -> bool) -> bool {
+        let has = detect();
+        flag.store(if has { 1 } else { 2 }, Ordering::Relaxed);
+        has
+    }
     match flag.load(Ordering::Relaxed) {
         1 => true,
         2 => false,
-        _ => {
-            let has = detect();
-            flag.store(if has { 1 } else { 2 }, Ordering::Relaxed);
-            has
-        }
+        _ => first(flag, detect),
     }
 }
 
@@ -307,9 +311,11 @@ mod fold {
     }
 
     /// The fold (128 bits, not reduced, aligned with the next 16 bytes) of the LRH stand-in and
-    /// the masked head `dg` (its `16 N - 8` bytes after the stand-in, all of them in the mask's
-    /// chunks): where the wide kernel takes over a long packet. Inlined into the wide kernel's
-    /// callers, so that it is encoded as they are (VEX) and nothing is reduced in between.
+    /// the head `dg` (at least its `16 N - 8` masked bytes after the stand-in; any bytes after
+    /// them unmasked): where the wide kernel takes over a long packet — after the masked head
+    /// on the receive check, after the headers up to the payload as the sender copies it.
+    /// Inlined into the wide kernel's callers, so that it is encoded as they are (VEX) and
+    /// nothing is reduced in between.
     #[inline]
     #[target_feature(
         enable = "pclmulqdq",
@@ -318,12 +324,18 @@ mod fold {
         enable = "ssse3"
     )]
     pub(super) fn head_state<const N: usize>(dg: &[u8], mask: &[[u8; 16]; N]) -> a::__m128i {
-        assert!(N >= 3 && dg.len() + 8 == 16 * N);
+        let len = dg.len() + 8;
+        assert!(N >= 3 && len >= 16 * N);
         let k3k4 = a::_mm_set_epi64x(K4, K3);
         let mut x = first_block(dg, &mask[0]);
         for (i, m) in mask.iter().enumerate().skip(1) {
             x = fold16(x, a::_mm_or_si128(load(&dg[i * 16 - 8..]), load(m)), k3k4);
         }
+        for i in N..len / 16 {
+            x = fold16(x, load(&dg[i * 16 - 8..]), k3k4);
+        }
+        // `dg` holds at least 40 bytes, as `fold_last` needs.
+        let x = fold_last(x, dg, len % 16);
         // Moved forward over the next 16 bytes, onto which it is XORed.
         fold16(x, a::_mm_setzero_si128(), k3k4)
     }
@@ -415,26 +427,53 @@ mod fold {
         enable = "sse4.1",
         enable = "ssse3"
     )]
-    fn last_and_reduce(mut x: a::__m128i, data: &[u8], n: usize) -> u32 {
-        let k3k4 = a::_mm_set_epi64x(K4, K3);
-        if n > 0 {
-            // The last n (1..=15) bytes: x moves down by n bytes, its low n bytes (shifted
-            // out) are folded over the vacated top, where the n new bytes go — read as the
-            // top of the data's last 16 bytes, the bytes before them zeroed.
-            let seq = a::_mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-            let shl = a::_mm_add_epi8(seq, a::_mm_set1_epi8(n as i8 - 16));
-            let high = a::_mm_set1_epi8(-128);
-            let shr = a::_mm_xor_si128(shl, high);
-            let keep_top = a::_mm_or_si128(seq, a::_mm_and_si128(shl, high));
-            let out = a::_mm_shuffle_epi8(x, shl);
-            let last = a::_mm_shuffle_epi8(load(&data[data.len() - 16..]), keep_top);
-            x = fold16(
-                out,
-                a::_mm_xor_si128(a::_mm_shuffle_epi8(x, shr), last),
-                k3k4,
-            );
+    fn last_and_reduce(x: a::__m128i, data: &[u8], n: usize) -> u32 {
+        reduce(fold_last(x, data, n))
+    }
+
+    /// `x` (aligned with `data`'s last `n` bytes: the fold of everything before them) folded
+    /// over those `n` (0..=15) bytes: the fold aligned with `data`'s end. `data` holds at least
+    /// 16 bytes when `n > 0`.
+    #[inline]
+    #[target_feature(
+        enable = "pclmulqdq",
+        enable = "sse2",
+        enable = "sse4.1",
+        enable = "ssse3"
+    )]
+    fn fold_last(x: a::__m128i, data: &[u8], n: usize) -> a::__m128i {
+        if n == 0 {
+            return x;
         }
-        // 128 bits to 96, to 64 (K4, K5), then Barrett to 32.
+        // The last n (1..=15) bytes: x moves down by n bytes, its low n bytes (shifted out)
+        // are folded over the vacated top, where the n new bytes go — read as the top of the
+        // data's last 16 bytes, the bytes before them zeroed.
+        let k3k4 = a::_mm_set_epi64x(K4, K3);
+        let seq = a::_mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        let shl = a::_mm_add_epi8(seq, a::_mm_set1_epi8(n as i8 - 16));
+        let high = a::_mm_set1_epi8(-128);
+        let shr = a::_mm_xor_si128(shl, high);
+        let keep_top = a::_mm_or_si128(seq, a::_mm_and_si128(shl, high));
+        let out = a::_mm_shuffle_epi8(x, shl);
+        let last = a::_mm_shuffle_epi8(load(&data[data.len() - 16..]), keep_top);
+        fold16(
+            out,
+            a::_mm_xor_si128(a::_mm_shuffle_epi8(x, shr), last),
+            k3k4,
+        )
+    }
+
+    /// A fold (128 bits, aligned with the end of the bytes) reduced to their CRC: 128 bits to
+    /// 96, to 64 (K4, K5), then Barrett to 32.
+    #[inline]
+    #[target_feature(
+        enable = "pclmulqdq",
+        enable = "sse2",
+        enable = "sse4.1",
+        enable = "ssse3"
+    )]
+    fn reduce(x: a::__m128i) -> u32 {
+        let k3k4 = a::_mm_set_epi64x(K4, K3);
         let lo32 = a::_mm_set_epi32(0, 0, 0, -1);
         let x = a::_mm_xor_si128(
             a::_mm_clmulepi64_si128(x, k3k4, 0x10),
@@ -651,24 +690,19 @@ impl<'a> Payload<'a> {
         (self.fusing && self.hashed == self.frame.len() - self.at).then_some(self.crc)
     }
 
-    /// Whether bytes copied to `at` can go on with the hash (the next byte it needs); if `at`
-    /// is the first, the frame's covered bytes before the payload are hashed now.
+    /// Whether bytes copied to `at` can go on with the hash (the next byte it needs).
     #[inline(always)]
     fn hash_from(&mut self, at: usize) -> bool {
         if !self.fusing || at != self.hashed {
             self.fusing = false;
             return false;
         }
-        if at == 0 {
-            // The head: the LRH stand-in and the masked headers up to the payload.
-            let (l3, ihl, v6) = self.ip;
-            self.crc = compute_in_place(self.frame, l3, ihl, v6, self.at + 4);
-        }
         true
     }
 
-    /// Copies `n` bytes at `at` from `src` (through `copy` when they are not hashed): the one
-    /// body of `copy_in` and `copy_in_raw`.
+    /// Copies `n` bytes at `at` from `src`, hashing them when they go on with the hash: the one
+    /// body of `copy_in` and `copy_in_raw`. The first piece hashes the head (the LRH stand-in
+    /// and the masked headers up to the payload) before it.
     ///
     /// # Safety
     ///
@@ -678,6 +712,13 @@ impl<'a> Payload<'a> {
     unsafe fn put(&mut self, at: usize, src: *const u8, n: usize) {
         let hash = self.hash_from(at);
         let start = self.at + at;
+        if hash && at == 0 {
+            let (head, rest) = self.frame.split_at_mut(start);
+            // SAFETY: the caller's promise about `src`.
+            self.crc = unsafe { head_copy_hashing(head, self.ip, src, &mut rest[..n]) };
+            self.hashed = n;
+            return;
+        }
         let dst = &mut self.frame[start..start + n];
         if hash {
             // SAFETY: the caller's promise about `src`.
@@ -688,6 +729,45 @@ impl<'a> Payload<'a> {
             unsafe { std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), n) };
         }
     }
+}
+
+/// Copies `dst.len()` bytes from `src` to `dst`, the payload's first piece, and returns the CRC
+/// of the LRH stand-in, the masked headers (`head[ip.0..]`, the IP header's place `ip`) and
+/// those bytes. With the wide kernel and a standard IP header, the head's fold enters the
+/// kernel's first block unreduced; otherwise the head's CRC is taken first.
+///
+/// # Safety
+///
+/// As [`copy_hashing_raw`].
+// Inlined: called, the IP header's place went by reference, a 16-byte load of bytes stored in
+// eight-byte pieces when the payload was made, which waited for the stores to retire.
+#[inline(always)]
+#[allow(unsafe_code)]
+unsafe fn head_copy_hashing(
+    head: &mut [u8],
+    (l3, ihl, v6): (usize, usize, bool),
+    src: *const u8,
+    dst: &mut [u8],
+) -> u32 {
+    #[cfg(target_arch = "x86_64")]
+    if dst.len() >= wide::BLOCK && wide::available() {
+        let dg = &head[l3..];
+        // SAFETY (both): the CPU has the kernel's features (just checked); the caller's promise
+        // about `src`.
+        match (v6, ihl) {
+            (false, 20) if dg.len() + 8 >= V4_HEAD => {
+                return unsafe { wide::copy_hashing_after(dg, &V4_MASK, src, dst) };
+            }
+            (true, 40) if dg.len() + 8 >= V6_HEAD => {
+                return unsafe { wide::copy_hashing_after(dg, &V6_MASK, src, dst) };
+            }
+            _ => {}
+        }
+    }
+    let end = head.len() + 4;
+    let crc = compute_in_place(head, l3, ihl, v6, end);
+    // SAFETY: the caller's promise.
+    unsafe { copy_hashing_raw(crc, src, dst) }
 }
 
 impl CopyIn for Payload<'_> {
@@ -806,10 +886,40 @@ mod wide {
     /// does not overlap `dst`.
     #[target_feature(enable = "avx512f,vpclmulqdq,pclmulqdq,sse4.1,ssse3")]
     pub(super) unsafe fn copy_hashing(crc: u32, src: *const u8, dst: &mut [u8]) -> u32 {
+        // SAFETY: the caller's promises.
+        unsafe { copy_from(a::_mm_cvtsi32_si128(!crc as i32), src, dst) }
+    }
+
+    /// As [`copy_hashing`], after the LRH stand-in and the head `dg` (the datagram up to the
+    /// payload), its first `16 N` bytes (the stand-in's included) ORed with `mask`: the head
+    /// folded into the kernel's first block from registers, not reduced to a CRC first.
+    ///
+    /// # Safety
+    ///
+    /// As [`copy_hashing`].
+    #[target_feature(enable = "avx512f,vpclmulqdq,pclmulqdq,sse4.1,ssse3")]
+    pub(super) unsafe fn copy_hashing_after<const N: usize>(
+        dg: &[u8],
+        mask: &[[u8; 16]; N],
+        src: *const u8,
+        dst: &mut [u8],
+    ) -> u32 {
+        let init = super::fold::head_state(dg, mask);
+        // SAFETY: the caller's promises.
+        unsafe { copy_from(init, src, dst) }
+    }
+
+    /// The body of both: `init` in the kernel's form (XORed onto the first 16 bytes).
+    ///
+    /// # Safety
+    ///
+    /// As [`copy_hashing`].
+    #[inline]
+    #[target_feature(enable = "avx512f,vpclmulqdq,pclmulqdq,sse4.1,ssse3")]
+    unsafe fn copy_from(init: a::__m128i, src: *const u8, dst: &mut [u8]) -> u32 {
         let n = dst.len();
         assert!(n >= BLOCK);
         let whole = n / 64 * 64;
-        let init = a::_mm_cvtsi32_si128(!crc as i32);
         // SAFETY: the caller's promises; `dst` is `n >= whole` writable bytes.
         let x = unsafe { kernel::<true>(init, src, dst.as_mut_ptr(), whole) };
         // SAFETY: as above, for the last `n - whole` bytes.
