@@ -739,8 +739,9 @@ impl<'a> Payload<'a> {
 /// # Safety
 ///
 /// As [`copy_hashing_raw`].
-// Inlined: called, the IP header's place went by reference, a 16-byte load of bytes stored in
-// eight-byte pieces when the payload was made, which waited for the stores to retire.
+// Inlined: as a call, it was handed the IP header's place by reference and read it with one
+// 16-byte load of bytes stored in eight-byte pieces when the payload was made, a load that waited
+// for those stores to retire.
 #[inline(always)]
 #[allow(unsafe_code)]
 unsafe fn head_copy_hashing(
