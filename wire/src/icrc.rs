@@ -317,12 +317,7 @@ mod fold {
     /// Inlined into the wide kernel's callers, so that it is encoded as they are (VEX) and
     /// nothing is reduced in between.
     #[inline]
-    #[target_feature(
-        enable = "pclmulqdq",
-        enable = "sse2",
-        enable = "sse4.1",
-        enable = "ssse3"
-    )]
+    #[target_feature(enable = "pclmulqdq,sse2,sse4.1,ssse3")]
     pub(super) fn head_state<const N: usize>(dg: &[u8], mask: &[[u8; 16]; N]) -> a::__m128i {
         let len = dg.len() + 8;
         assert!(N >= 3 && len >= 16 * N);
@@ -353,12 +348,7 @@ mod fold {
         }
     }
 
-    #[target_feature(
-        enable = "pclmulqdq",
-        enable = "sse2",
-        enable = "sse4.1",
-        enable = "ssse3"
-    )]
+    #[target_feature(enable = "pclmulqdq,sse2,sse4.1,ssse3")]
     fn kernel<const N: usize>(dg: &[u8], mask: &[[u8; 16]; N]) -> u32 {
         let k3k4 = a::_mm_set_epi64x(K4, K3);
         // Block i (i >= 1) of the packet: dg from 16 i - 8, masked while i < N.
@@ -402,12 +392,7 @@ mod fold {
     /// `data[from..]`, then reduced: the CRC of it all. Needs `data.len() >= 16` when
     /// `data.len() - from` is not a multiple of 16. The wide kernel's last partial block.
     #[inline]
-    #[target_feature(
-        enable = "pclmulqdq",
-        enable = "sse2",
-        enable = "sse4.1",
-        enable = "ssse3"
-    )]
+    #[target_feature(enable = "pclmulqdq,sse2,sse4.1,ssse3")]
     pub(super) fn fold_rest(mut x: a::__m128i, data: &[u8], from: usize) -> u32 {
         let k3k4 = a::_mm_set_epi64x(K4, K3);
         let mut o = from;
@@ -421,12 +406,7 @@ mod fold {
     /// `x` folded over the last `n` (0..=15) bytes of `data` (which holds at least 16 when
     /// `n > 0`), then reduced to the CRC.
     #[inline]
-    #[target_feature(
-        enable = "pclmulqdq",
-        enable = "sse2",
-        enable = "sse4.1",
-        enable = "ssse3"
-    )]
+    #[target_feature(enable = "pclmulqdq,sse2,sse4.1,ssse3")]
     fn last_and_reduce(x: a::__m128i, data: &[u8], n: usize) -> u32 {
         reduce(fold_last(x, data, n))
     }
@@ -435,12 +415,7 @@ mod fold {
     /// over those `n` (0..=15) bytes: the fold aligned with `data`'s end. `data` holds at least
     /// 16 bytes when `n > 0`.
     #[inline]
-    #[target_feature(
-        enable = "pclmulqdq",
-        enable = "sse2",
-        enable = "sse4.1",
-        enable = "ssse3"
-    )]
+    #[target_feature(enable = "pclmulqdq,sse2,sse4.1,ssse3")]
     fn fold_last(x: a::__m128i, data: &[u8], n: usize) -> a::__m128i {
         if n == 0 {
             return x;
@@ -466,12 +441,7 @@ mod fold {
     /// A fold (128 bits, aligned with the end of the bytes) reduced to their CRC: 128 bits to
     /// 96, to 64 (K4, K5), then Barrett to 32.
     #[inline]
-    #[target_feature(
-        enable = "pclmulqdq",
-        enable = "sse2",
-        enable = "sse4.1",
-        enable = "ssse3"
-    )]
+    #[target_feature(enable = "pclmulqdq,sse2,sse4.1,ssse3")]
     fn reduce(x: a::__m128i) -> u32 {
         let k3k4 = a::_mm_set_epi64x(K4, K3);
         let lo32 = a::_mm_set_epi32(0, 0, 0, -1);
