@@ -324,12 +324,24 @@ fn libdir_beside_the_executable_links_the_sonames() {
     let s = Scratch::new("beside");
     let exe = s.0.join("rocemu");
     std::fs::copy(ROCEMU, &exe).unwrap();
+    // A test running beside this one may fork while the copy still holds the file open for
+    // writing; its child keeps that descriptor until it execs, and exec then fails with
+    // ETXTBSY ("Text file busy"). Such a failure is this harness's, not the program's: retried.
     let run = |args: &[&str]| {
-        Command::new(&exe)
-            .env_remove("ROCEMU_LIBDIR")
-            .args(args)
-            .output()
-            .unwrap()
+        let mut tries = 0;
+        loop {
+            match Command::new(&exe)
+                .env_remove("ROCEMU_LIBDIR")
+                .args(args)
+                .output()
+            {
+                Err(e) if e.raw_os_error() == Some(26) && tries < 50 => {
+                    tries += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                r => break r.unwrap(),
+            }
+        }
     };
     // Not built yet: 125, and the message says how to build it.
     let o = run(&["exec", "--libdir"]);
