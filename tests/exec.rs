@@ -335,7 +335,7 @@ fn libdir_beside_the_executable_links_the_sonames() {
                 .args(args)
                 .output()
             {
-                Err(e) if e.raw_os_error() == Some(26) && tries < 50 => {
+                Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy && tries < 50 => {
                     tries += 1;
                     std::thread::sleep(std::time::Duration::from_millis(20));
                 }
