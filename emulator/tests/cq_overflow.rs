@@ -136,3 +136,33 @@ fn wait_wcs_and_next_wc_return_the_error_instead_of_hanging() {
         Some(AsyncEvent::CqErr(a.cq))
     );
 }
+
+/// A work request that fails as its payload is gathered (its SGE's region is of another PD:
+/// LOC_PROT_ERR) sends no frame but makes a completion, and `completions_made` says so: it is
+/// what a driver that keeps "this CQ is still empty" outside the RNIC's lock must watch.
+#[test]
+fn a_completion_without_a_frame_is_counted_as_made() {
+    let mut p = Pair::new(23, Impairments::none());
+    let a = open(p.rnic(Side::A), 16);
+    let b = open(p.rnic(Side::B), 16);
+    p.connect(a.qp, b.qp, &ConnectOpts::default()).unwrap();
+    let pd2 = p.a.alloc_pd();
+    let other = p.a.reg_mr(pd2, 4096, Access::ALL).unwrap();
+    let made = p.a.completions_made();
+    let mut wr = writes(&a, &b, 1).next().unwrap();
+    wr.sg_list = vec![Sge {
+        addr: other.addr,
+        length: 64,
+        lkey: other.lkey,
+    }]
+    .into();
+    p.a.post_send(a.qp, wr).unwrap();
+    let mut buf = vec![0u8; 9000];
+    assert_eq!(p.a.poll_transmit(p.now, &mut buf), None, "nothing to send");
+    assert_eq!(p.a.completions_made(), made + 1);
+    let wcs = p.a.poll_cq(a.cq, 4);
+    assert_eq!(wcs.len(), 1);
+    assert_eq!(wcs[0].status, WcStatus::LocProtErr);
+    // Polling takes completions; it makes none.
+    assert_eq!(p.a.completions_made(), made + 1);
+}

@@ -896,6 +896,7 @@ fn run(
         let w = {
             let mut g = shard.inner.lock().unwrap_or_else(|p| p.into_inner());
             let g = &mut *g;
+            let made = g.rnic.completions_made();
             let mut w = engine.poll(&mut g.rnic);
             if let Some(cm) = g.cm.as_mut() {
                 w += crate::rdmacm::service::turn(cm, &mut g.rnic, &mut engine);
@@ -938,8 +939,10 @@ fn run(
             // Progress moves inside the lock and before a completion channel hears of it: a
             // program woken by the event must not poll the CQ's "still empty" shortcut with
             // the count of before the completion (it would see nothing, re-arm and wait for
-            // an event that never comes).
-            if w > 0 {
+            // an event that never comes). A turn that moved no frame may still have made a
+            // completion (a work request failed as its payload was gathered): that is
+            // progress too, or a program spinning on the shortcut never sees it.
+            if w > 0 || g.rnic.completions_made() != made {
                 nic.progress.fetch_add(1, Ordering::SeqCst);
             }
             deliver_async_events(nic, g);

@@ -66,6 +66,7 @@ impl Dev {
 
     #[inline]
     fn push_wc_se(&mut self, cq: CqId, wc: Wc, se: bool) {
+        self.wcs_made += 1;
         self.count_wc(&wc);
         if let Some(c) = self.cqs.get_mut(cq.0) {
             if c.overflowed {
@@ -174,6 +175,14 @@ impl Rnic {
             return Err(VerbsError::Busy("a QP still uses the CQ"));
         }
         Ok(())
+    }
+
+    /// How many completions the RNIC has made (queued in a CQ or lost to its overflow) since it
+    /// was created. Work that fails before it sends anything (a local protection error found
+    /// when the payload is gathered) makes a completion and no frame: a driver that keeps
+    /// "this CQ is still empty" without the RNIC's lock learns of new completions from this.
+    pub fn completions_made(&self) -> u64 {
+        self.dev.wcs_made
     }
 
     /// How many CQs live, and how many slots the CQ table holds (its memory: the peak of live

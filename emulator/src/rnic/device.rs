@@ -315,6 +315,9 @@ pub(crate) struct Dev {
     /// CQs that went to error and whose QPs the RNIC has not moved to ERR yet (it does so before
     /// the entry point that overflowed them returns).
     pub failed_cqs: Vec<CqId>,
+    /// Completions made since the device was created, queued or lost to an overflow: what a
+    /// driver that polls CQs without the RNIC's lock watches for ([`Rnic::completions_made`]).
+    pub wcs_made: u64,
     /// For `ibv_get_async_event`; at most [`ASYNC_EVENTS_MAX`](super::ASYNC_EVENTS_MAX).
     pub async_events: VecDeque<AsyncEvent>,
     /// CQs whose armed notification fired and that [`Rnic::take_cq_events`] has not taken yet:
@@ -536,6 +539,7 @@ impl Rnic {
                 counters: Counters::default(),
                 active_mtu,
                 failed_cqs: Vec::new(),
+                wcs_made: 0,
                 cq_events: Vec::new(),
                 async_events: VecDeque::new(),
                 srqs: SrqTable::default(),
