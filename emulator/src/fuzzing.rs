@@ -74,6 +74,8 @@ struct Bench {
     qps: [Qpn; 3],
     mr: MrInfo,
     guards: [MrInfo; 2],
+    /// The QPs' PD and another, for re-registering the target region into either.
+    pds: [PdId; 2],
     peer: Qpn,
     o: ConnectOpts,
     now: Nanos,
@@ -84,6 +86,7 @@ impl Bench {
         let mut r = Rnic::new(RnicConfig::new(MAC_B, IP_B, 7));
         r.set_neighbor(IP_A, MAC_A);
         let pd = r.alloc_pd();
+        let pd2 = r.alloc_pd();
         let cq = r.create_cq(256).unwrap();
         let cap = QpCap {
             max_send_wr: 32,
@@ -129,6 +132,7 @@ impl Bench {
             qps: [rc, uc, ud],
             mr,
             guards: [g1, g2],
+            pds: [pd, pd2],
             peer,
             o,
             now: Nanos(0),
@@ -324,7 +328,9 @@ impl Bench {
 }
 
 /// Runs one fuzz input: a stream of commands, each a byte (the low nibble the command, the high
-/// one the QP) and its operands.
+/// one the QP) and its operands: a raw frame (0), a request with fuzzed fields (1–3), a post
+/// (4, 5), a modify (6), time passing (7), a CQ resized (9), the target region re-registered
+/// (10), the transmit queue drained and the CQ polled (the rest).
 pub fn rnic_target(data: &[u8]) {
     let mut b = Bench::new();
     let mut c = Cursor(data);
@@ -350,6 +356,18 @@ pub fn rnic_target(data: &[u8]) {
             7 => {
                 b.now = b.now + Nanos(c.u32().unwrap_or(0) as u64 * 64);
                 b.r.handle_timeout(b.now);
+            }
+            // `ibv_resize_cq` to any depth, bigger or smaller than what the CQ holds.
+            9 => {
+                let _ = b.r.resize_cq(b.cq, c.u32().unwrap_or(0) as usize % 600);
+            }
+            // `ibv_rereg_mr` of the target region: its PD, its access (any bits), or both;
+            // the guards keep theirs.
+            10 => {
+                let k = c.u8().unwrap_or(0);
+                let pd = (k & 1 != 0).then_some(b.pds[(k >> 1) as usize & 1]);
+                let access = (k & 4 != 0).then_some(Access(c.u8().unwrap_or(0) as u32 & 0x3f));
+                let _ = b.r.rereg_mr(b.mr.lkey, pd, None, access);
             }
             _ => {
                 drain(&mut b.r, b.now, &mut out);

@@ -137,6 +137,62 @@ fn wait_wcs_and_next_wc_return_the_error_instead_of_hanging() {
     );
 }
 
+/// `ibv_resize_cq`: a CQ made bigger takes what would have overflowed it; one made smaller
+/// must still hold what waits in it (EINVAL otherwise, as rxe's `rxe_cq_chk_attr`), and then
+/// overflows at its new depth.
+#[test]
+fn resize_cq_moves_the_depth_the_overflow_is_judged_by() {
+    let mut p = Pair::new(22, Impairments::none());
+    let a = open(p.rnic(Side::A), 4);
+    let b = open(p.rnic(Side::B), 64);
+    p.connect(a.qp, b.qp, &ConnectOpts::default()).unwrap();
+    p.a.resize_cq(a.cq, 16).unwrap();
+    for wr in writes(&a, &b, 10).collect::<Vec<_>>() {
+        p.a.post_send(a.qp, wr).unwrap();
+    }
+    p.drive(100_000).unwrap();
+    assert_eq!(p.a.poll_async_event(), None);
+    assert!(!p.a.cq_overflowed(a.cq));
+    assert_eq!(p.a.cq_pending(a.cq), Ok(10));
+    // Ten wait: nine is too few, ten is enough; zero and above max_cqe never are.
+    let max = p.a.query_device().max_cqe as usize;
+    for bad in [0, 9, max + 1] {
+        let e = p.a.resize_cq(a.cq, bad).unwrap_err();
+        assert!(matches!(e, VerbsError::Invalid(_)), "{bad}: {e:?}");
+    }
+    p.a.resize_cq(a.cq, 10).unwrap();
+    let wcs = p.a.poll_cq(a.cq, 64);
+    let ids: Vec<u64> = wcs.iter().map(|w| w.wr_id).collect();
+    assert_eq!(
+        ids,
+        (0..10).collect::<Vec<_>>(),
+        "the completions kept, in order"
+    );
+    assert!(wcs.iter().all(|w| w.status == WcStatus::Success), "{wcs:?}");
+    // Now ten is the depth: the eleventh completion overflows it.
+    for wr in writes(&a, &b, 11).collect::<Vec<_>>() {
+        p.a.post_send(a.qp, wr).unwrap();
+    }
+    p.drive(100_000).unwrap();
+    assert_eq!(p.a.poll_async_event(), Some(AsyncEvent::CqErr(a.cq)));
+    let e = p.a.cq_error(a.cq).unwrap();
+    assert_eq!(
+        e,
+        VerbsError::CqOverrun {
+            cq: a.cq,
+            depth: 10
+        }
+    );
+    // A CQ that is gone is not found.
+    let gone = p.a.create_cq(4).unwrap();
+    p.a.destroy_cq(gone).unwrap();
+    assert!(matches!(
+        p.a.resize_cq(gone, 8),
+        Err(VerbsError::NotFound(_))
+    ));
+    assert!(matches!(p.a.cq_pending(gone), Err(VerbsError::NotFound(_))));
+}
+
 /// A work request that fails as its payload is gathered (its SGE's region is of another PD:
 /// LOC_PROT_ERR) sends no frame but makes a completion, and `completions_made` says so: it is
 /// what a driver that keeps "this CQ is still empty" outside the RNIC's lock must watch.

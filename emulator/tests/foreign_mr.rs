@@ -636,3 +636,115 @@ fn a_region_under_the_keys_another_shard_gave_it_is_found_by_them() {
     t.p.b.dereg_mr(b.lkey).unwrap();
     drop(t);
 }
+
+/// `ibv_rereg_mr` with a new translation: the region's keys stay, its address space and bytes
+/// are the new memory's (the old buffer is the program's again), and refused calls — an access
+/// no registration may have, a PD that is gone, a key that names nothing — change nothing.
+#[test]
+fn rereg_moves_a_region_to_new_memory_under_its_keys() {
+    let (ma, mb, mb2) = (Mem::new(4096), Mem::new(4096), Mem::new(2048));
+    let mut t = Bed::rc();
+    let a = reg(&mut t, A, &ma, Access::ALL);
+    let b = reg(&mut t, B, &mb, Access::ALL);
+    ma.set(0, &[1; 64]);
+    t.post_send(A, write_wr(1, &b, 0, at(&a, 0, 64)));
+    assert_eq!(st(&t.wait_wcs(A, 1)), vec![(1, WcStatus::Success)]);
+    assert_eq!(mb.get(0, 64), vec![1; 64]);
+    // Refused: remote write without local write (IBTA 10.6.3.1, unverified), a PD that was
+    // deallocated, an L_Key of nothing.
+    let gone = t.p.b.alloc_pd();
+    t.p.b.dealloc_pd(gone).unwrap();
+    let bad_access = Access(Access::REMOTE_WRITE.0);
+    assert!(matches!(
+        t.p.b.rereg_mr(
+            b.lkey,
+            None,
+            Some((mb2.foreign(0, 2048), mb2.addr())),
+            Some(bad_access)
+        ),
+        Err(VerbsError::Invalid(_))
+    ));
+    assert!(matches!(
+        t.p.b.rereg_mr(b.lkey, Some(gone), None, None),
+        Err(VerbsError::NotFound(_))
+    ));
+    assert!(matches!(
+        t.p.b.rereg_mr(b.lkey ^ 0x55aa, None, None, None),
+        Err(VerbsError::NotFound(_))
+    ));
+    // Nothing changed: a WRITE at the old place still lands in the old buffer.
+    ma.set(0, &[2; 64]);
+    t.post_send(A, write_wr(2, &b, 64, at(&a, 0, 64)));
+    assert_eq!(st(&t.wait_wcs(A, 1)), vec![(2, WcStatus::Success)]);
+    assert_eq!(mb.get(64, 64), vec![2; 64]);
+    // The new translation, under the same keys.
+    let b2 =
+        t.p.b
+            .rereg_mr(b.lkey, None, Some((mb2.foreign(0, 2048), mb2.addr())), None)
+            .unwrap();
+    assert_eq!((b2.lkey, b2.rkey), (b.lkey, b.rkey));
+    assert_eq!(
+        (b2.addr, b2.length, b2.access),
+        (mb2.addr(), 2048, Access::ALL)
+    );
+    ma.set(0, &[3; 64]);
+    t.post_send(A, write_wr(3, &b2, 100, at(&a, 0, 64)));
+    assert_eq!(st(&t.wait_wcs(A, 1)), vec![(3, WcStatus::Success)]);
+    assert_eq!(mb2.get(100, 64), vec![3; 64]);
+    assert!(mb2.get(0, 100).iter().all(|&x| x == 0), "nothing before");
+    assert_eq!(mb.get(0, 128), [vec![1; 64], vec![2; 64]].concat());
+    assert!(
+        mb.get(128, 3968).iter().all(|&x| x == 0),
+        "the old buffer untouched"
+    );
+    // The region ends where the new memory does: a WRITE past it is NAKed.
+    t.clear_log();
+    t.post_send(A, write_wr(4, &b2, 2000, at(&a, 0, 64)));
+    let (wa, _) = t.settle();
+    assert_eq!(st(&wa), vec![(4, WcStatus::RemAccessErr)]);
+    assert_eq!(
+        t.acks(Dir::BA).iter().map(|a| a.1).collect::<Vec<_>>(),
+        vec![NAK_ACC]
+    );
+    assert!(mb2.get(2000, 48).iter().all(|&x| x == 0));
+    drop(t);
+}
+
+/// `ibv_rereg_mr` of the access or the PD: the next request is judged by the new ones.
+#[test]
+fn rereg_of_access_or_pd_applies_to_the_next_request() {
+    for change_pd in [false, true] {
+        let (ma, mb) = (Mem::new(4096), Mem::new(4096));
+        let mut t = Bed::rc();
+        let a = reg(&mut t, A, &ma, Access::ALL);
+        let b = reg(&mut t, B, &mb, Access::ALL);
+        ma.set(0, &[5; 64]);
+        t.post_send(A, write_wr(1, &b, 0, at(&a, 0, 64)));
+        assert_eq!(st(&t.wait_wcs(A, 1)), vec![(1, WcStatus::Success)]);
+        let r = if change_pd {
+            let pd2 = t.p.b.alloc_pd();
+            let r = t.p.b.rereg_mr(b.lkey, Some(pd2), None, None).unwrap();
+            assert_eq!(r.pd, pd2);
+            // The new PD has a region now: it is busy.
+            assert!(matches!(t.p.b.dealloc_pd(pd2), Err(VerbsError::Busy(_))));
+            r
+        } else {
+            let local = Access(Access::LOCAL_WRITE.0 | Access::REMOTE_READ.0);
+            let r = t.p.b.rereg_mr(b.lkey, None, None, Some(local)).unwrap();
+            assert_eq!(r.access, local);
+            r
+        };
+        assert_eq!((r.lkey, r.rkey, r.addr), (b.lkey, b.rkey, b.addr));
+        ma.set(0, &[6; 64]);
+        t.clear_log();
+        t.post_send(A, write_wr(2, &b, 0, at(&a, 0, 64)));
+        let (wa, _) = t.settle();
+        assert_eq!(st(&wa), vec![(2, WcStatus::RemAccessErr)], "pd {change_pd}");
+        assert_eq!(
+            mb.get(0, 64),
+            vec![5; 64],
+            "pd {change_pd}: nothing written"
+        );
+        drop(t);
+    }
+}

@@ -30,3 +30,20 @@ pub fn register(
         Some(keys) => rnic.reg_mr_foreign_keyed(pd, mem, iova, access, keys),
     }
 }
+
+/// `ibv_rereg_mr` in one shard: the region with L_Key `lkey` moves to `pd`, to the program's
+/// `len` bytes at `addr` (addressed as `addr`'s value, as `ibv_rereg_mr` gives no iova) and to
+/// `access`, each where given. The caller checked the whole change with
+/// [`Rnic::check_rereg_mr`] in every shard, and that the range does not wrap.
+pub fn reregister(
+    rnic: &mut Rnic,
+    lkey: u32,
+    pd: Option<PdId>,
+    translation: Option<(*mut u8, usize)>,
+    access: Option<Access>,
+) -> Result<MrInfo, VerbsError> {
+    // SAFETY: as in `register`: ibv_rereg_mr's contract keeps the new memory allocated and
+    // mapped until the region is deregistered or re-registered again.
+    let mem = translation.map(|(addr, len)| (unsafe { ForeignMem::new(addr, len) }, addr as u64));
+    rnic.rereg_mr(lkey, pd, mem, access)
+}

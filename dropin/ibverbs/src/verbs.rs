@@ -623,6 +623,25 @@ const ACCESS_OPTIONAL_RANGE: u32 = 0x3ff0_0000;
 const ACCESS_ZERO_BASED: u32 = 1 << 5;
 const ACCESS_ON_DEMAND: u32 = 1 << 6;
 
+/// A region's access flags as the program gives them (`ibv_access_flags`), checked as the
+/// kernel checks a registration's: the error number otherwise.
+fn mr_access(access: u32) -> Result<Access, c_int> {
+    // Relaxed ordering and the other optional flags are hints a device may ignore.
+    let access = access & !ACCESS_OPTIONAL_RANGE;
+    if access & ACCESS_ON_DEMAND != 0 {
+        return Err(EOPNOTSUPP);
+    }
+    if access & ACCESS_ZERO_BASED != 0 || access & !0xff != 0 {
+        return Err(EINVAL);
+    }
+    // Remote write or atomic access needs local write (IBTA 10.6.3.1 (unverified); rdma-core's
+    // kernel checks it).
+    if access & (2 | 8) != 0 && access & 1 == 0 {
+        return Err(EINVAL);
+    }
+    Ok(Access(access & 0xf))
+}
+
 fn reg_mr_common(
     pd: *mut ibv_pd,
     addr: *mut c_void,
@@ -633,26 +652,16 @@ fn reg_mr_common(
     if pd.is_null() || len == 0 || (addr.is_null() && len > 0) {
         return fail_ptr(EINVAL);
     }
-    // Relaxed ordering and the other optional flags are hints a device may ignore.
-    let access = access & !ACCESS_OPTIONAL_RANGE;
-    if access & ACCESS_ON_DEMAND != 0 {
-        return fail_ptr(EOPNOTSUPP);
-    }
-    if access & ACCESS_ZERO_BASED != 0 || access & !0xff != 0 {
-        return fail_ptr(EINVAL);
-    }
-    // Remote write or atomic access needs local write (IBTA 10.6.3.1 (unverified); rdma-core's
-    // kernel checks it).
-    if access & (2 | 8) != 0 && access & 1 == 0 {
-        return fail_ptr(EINVAL);
-    }
+    let access = match mr_access(access) {
+        Ok(a) => a,
+        Err(e) => return fail_ptr(e),
+    };
     if (addr as usize).checked_add(len).is_none() || iova.checked_add(len as u64).is_none() {
         return fail_ptr(EINVAL);
     }
     // SAFETY: a PD of ours.
     let p = unsafe { &*(pd as *mut Pd) };
     let n = try_null!(the_nic());
-    let access = Access(access & 0xf);
     // Shard 0 picks the keys; every other shard registers the same memory under them.
     let mut gs = n.lock_all();
     let (first, rest) = gs.split_first_mut().expect("shard 0");
@@ -764,17 +773,96 @@ pub extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
     }
 }
 
-/// `ibv_rereg_mr`: not offered (as by a provider without it): `IBV_REREG_MR_ERR_INPUT`.
+/// `ibv_rereg_mr`'s flags (`IBV_REREG_MR_CHANGE_*`) and the two of its error codes it can give
+/// here (`IBV_REREG_MR_ERR_INPUT`, `IBV_REREG_MR_ERR_CMD`).
+const REREG_TRANSLATION: c_int = 1;
+const REREG_PD: c_int = 2;
+const REREG_ACCESS: c_int = 4;
+const REREG_ERR_INPUT: c_int = -1;
+const REREG_ERR_CMD: c_int = -4;
+
+/// `ibv_rereg_mr`: the region moves to new memory (`IBV_REREG_MR_CHANGE_TRANSLATION`: `addr`,
+/// `length`), a new PD and new access, each as `flags` says, under the same keys (as mlx5 and
+/// rxe keep them). Returns 0, or one of rdma-core's codes with `errno` set: what libibverbs
+/// checks itself (unknown flags, a translation without address or length, access given without
+/// its flag) is `IBV_REREG_MR_ERR_INPUT`; what the kernel refuses (no flag at all, no PD, an
+/// access no registration may have, memory that wraps) and what the RNIC refuses is
+/// `IBV_REREG_MR_ERR_CMD` (libibverbs' `ibv_rereg_mr` and the kernel's `ib_uverbs_rereg_mr`).
+/// A refused call changes nothing; on a device of several shards the region changes in every
+/// shard or in none.
 pub extern "C" fn ibv_rereg_mr(
-    _mr: *mut ibv_mr,
-    _flags: c_int,
-    _pd: *mut ibv_pd,
-    _addr: *mut c_void,
-    _len: size_t,
-    _access: c_int,
+    mr: *mut ibv_mr,
+    flags: c_int,
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    len: size_t,
+    access: c_int,
 ) -> c_int {
-    set_errno(EOPNOTSUPP);
-    -1
+    guard(REREG_ERR_CMD, || {
+        let fail = |code, e| {
+            set_errno(e);
+            code
+        };
+        let translate = flags & REREG_TRANSLATION != 0;
+        if mr.is_null()
+            || flags & !(REREG_TRANSLATION | REREG_PD | REREG_ACCESS) != 0
+            || (translate && (len == 0 || addr.is_null()))
+            || (access != 0 && flags & REREG_ACCESS == 0)
+        {
+            return fail(REREG_ERR_INPUT, EINVAL);
+        }
+        if flags == 0 || (flags & REREG_PD != 0 && pd.is_null()) {
+            return fail(REREG_ERR_CMD, EINVAL);
+        }
+        let access = if flags & REREG_ACCESS != 0 {
+            match mr_access(access as u32) {
+                Ok(a) => Some(a),
+                Err(e) => return fail(REREG_ERR_CMD, e),
+            }
+        } else {
+            None
+        };
+        if translate && (addr as usize).checked_add(len).is_none() {
+            return fail(REREG_ERR_CMD, EINVAL);
+        }
+        let n = match the_nic() {
+            Ok(n) => n,
+            Err(e) => return fail(REREG_ERR_CMD, e),
+        };
+        // SAFETY: an MR and (when given) a PD of ours.
+        let lkey = unsafe { (*mr).lkey };
+        let pds = (flags & REREG_PD != 0).then(|| unsafe { &*(pd as *const Pd) });
+        let place = translate.then_some((addr as u64, len));
+        let mut gs = n.lock_all();
+        for (k, g) in gs.iter().enumerate() {
+            if let Err(e) = g
+                .rnic
+                .check_rereg_mr(lkey, pds.map(|p| p.ids[k]), place, access)
+            {
+                return fail(REREG_ERR_CMD, errno_of(&e));
+            }
+        }
+        for (k, g) in gs.iter_mut().enumerate() {
+            let mem = translate.then_some((addr.cast::<u8>(), len));
+            let pd = pds.map(|p| p.ids[k]);
+            if let Err(e) = crate::mem::reregister(&mut g.rnic, lkey, pd, mem, access) {
+                return fail(REREG_ERR_CMD, errno_of(&e));
+            }
+        }
+        drop(gs);
+        // What libibverbs updates after the provider's success.
+        // SAFETY: the caller's MR.
+        unsafe {
+            if flags & REREG_PD != 0 {
+                (*mr).pd = pd;
+            }
+            if translate {
+                (*mr).addr = addr;
+                (*mr).length = len;
+            }
+        }
+        0
+    })
 }
 
 // ---- completion channels and CQs -----------------------------------------------------------
@@ -917,8 +1005,44 @@ fn undo_cq(gs: &mut [Locked<'_>], c: &Cq, cq: *mut ibv_cq) -> Result<(), c_int> 
     Ok(())
 }
 
-pub extern "C" fn ibv_resize_cq(_cq: *mut ibv_cq, _cqe: c_int) -> c_int {
-    EOPNOTSUPP
+/// `ibv_resize_cq`: the CQ holds `cqe` completions from now on (exactly that many: rxe does not
+/// round up either), if the ones waiting fit; `cq->cqe` says the new size. Returns 0 or the
+/// error number (the ibv_resize_cq(3) man page): EINVAL for a size below 1, above `max_cqe` or
+/// below the completions waiting. On a device of several shards every shard's copy of the CQ
+/// is resized, and what waits is counted over all of them.
+pub extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
+    guard(EINVAL, || {
+        if cq.is_null() || cqe < 1 {
+            return EINVAL;
+        }
+        let n = try_errno!(the_nic());
+        // SAFETY: a CQ of ours.
+        let c = unsafe { &*(cq as *const Cq) };
+        let mut gs = n.lock_all();
+        if cqe as u32 > gs[0].rnic.query_device().max_cqe {
+            return EINVAL;
+        }
+        let mut waiting = 0;
+        for (g, &id) in gs.iter().zip(&c.ids) {
+            match g.rnic.cq_pending(id) {
+                Ok(k) => waiting += k,
+                Err(e) => return errno_of(&e),
+            }
+        }
+        if (cqe as usize) < waiting {
+            return EINVAL;
+        }
+        for (g, &id) in gs.iter_mut().zip(&c.ids) {
+            // Cannot fail now: the size is in range and each copy holds at most `waiting`.
+            if let Err(e) = g.rnic.resize_cq(id, cqe as usize) {
+                return errno_of(&e);
+            }
+        }
+        // SAFETY: the caller's CQ (the program reads `cqe` from it, as from rdma-core's);
+        // written under every shard's lock, after the last use of `c`.
+        unsafe { (*cq).cqe = cqe };
+        0
+    })
 }
 
 fn wc_status(s: WcStatus) -> c_int {

@@ -160,6 +160,41 @@ impl Rnic {
         Ok(())
     }
 
+    /// `ibv_resize_cq`: the CQ holds up to `cqe` completions from now on, more or fewer than
+    /// before, as long as the ones waiting fit: the ibv_resize_cq(3) man page of rdma-core
+    /// ("*cqe* must be at least the number of unpolled entries"), and rxe's `rxe_cq_chk_attr`,
+    /// which answers EINVAL for 0, for more than `max_cqe` and for fewer than the CQ holds. The
+    /// size is the one asked for (the man page lets a provider round up; rxe does not). The
+    /// completions waiting stay, in order, and so does the arming; a CQ in error (it
+    /// overflowed) stays in error.
+    pub fn resize_cq(&mut self, cq: CqId, cqe: usize) -> Result<(), VerbsError> {
+        let max = self.attr.max_cqe as usize;
+        let Some(c) = self.dev.cqs.get_mut(cq.0) else {
+            return Err(VerbsError::NotFound("completion queue"));
+        };
+        if cqe == 0 || cqe > max {
+            return invalid(format!("CQ depth {cqe} not in 1..={max}"));
+        }
+        if cqe < c.q.len() {
+            return invalid(format!(
+                "CQ depth {cqe} below the {} completions it holds",
+                c.q.len()
+            ));
+        }
+        c.depth = cqe;
+        Ok(())
+    }
+
+    /// How many completions wait in `cq` (for a device split into shards, whose CQ is resized
+    /// in every shard only if all of them fit).
+    pub fn cq_pending(&self, cq: CqId) -> Result<usize, VerbsError> {
+        self.dev
+            .cqs
+            .get(cq.0)
+            .map(|c| c.q.len())
+            .ok_or(VerbsError::NotFound("completion queue"))
+    }
+
     /// What [`Rnic::destroy_cq`] would refuse for, without destroying: for a device split
     /// into shards, whose CQ goes from every shard or from none.
     pub fn cq_in_use(&self, cq: CqId) -> Result<(), VerbsError> {

@@ -161,6 +161,62 @@ impl Rnic {
             })
     }
 
+    /// `ibv_rereg_mr`: the region with L_Key `lkey` moves to protection domain `pd`, to the
+    /// program's memory `translation` (the memory and its first address, as
+    /// [`Rnic::reg_mr_foreign`] takes them) and to access `access`, each where given, the
+    /// rest as it was; its keys stay (as mlx5's and rxe's re-registration keep them), and an
+    /// R_Key a SEND with invalidate had invalidated is valid again, as after a new
+    /// registration. Every check of a registration is made on the result first; a refused call
+    /// changes nothing. The next packet and the next local access are checked against the
+    /// new attributes; what was already moved stays moved.
+    pub fn rereg_mr(
+        &mut self,
+        lkey: u32,
+        pd: Option<PdId>,
+        translation: Option<(ForeignMem, u64)>,
+        access: Option<Access>,
+    ) -> Result<MrInfo, VerbsError> {
+        let place = translation.as_ref().map(|(mem, iova)| (*iova, mem.len()));
+        let (pd, access) = self.check_rereg_mr(lkey, pd, place, access)?;
+        let m = self
+            .dev
+            .mem
+            .by_lkey_mut(lkey)
+            .ok_or(VerbsError::NotFound("memory region"))?;
+        m.info.pd = pd;
+        m.info.access = access;
+        if let Some((mem, iova)) = translation {
+            m.info.addr = iova;
+            m.info.length = mem.len() as u64;
+            m.data = Backing::Foreign(mem);
+        }
+        m.rkey_valid = true;
+        Ok(m.info)
+    }
+
+    /// What [`Rnic::rereg_mr`] would refuse for, without changing anything (`translation` as
+    /// the first address and the length): for a device split into shards, whose region is
+    /// re-registered in every shard or in none. Gives the PD and access the region would have.
+    pub fn check_rereg_mr(
+        &self,
+        lkey: u32,
+        pd: Option<PdId>,
+        translation: Option<(u64, usize)>,
+        access: Option<Access>,
+    ) -> Result<(PdId, Access), VerbsError> {
+        let cur = self
+            .dev
+            .mem
+            .by_lkey(lkey)
+            .ok_or(VerbsError::NotFound("memory region"))?
+            .info;
+        let pd = pd.unwrap_or(cur.pd);
+        let access = access.unwrap_or(cur.access);
+        let (addr, length) = translation.unwrap_or((cur.addr, cur.length as usize));
+        self.check_reg_mr(pd, addr, length, access)?;
+        Ok((pd, access))
+    }
+
     fn check_reg_mr(
         &self,
         pd: PdId,

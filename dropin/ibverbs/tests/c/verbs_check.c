@@ -3,7 +3,9 @@
  * then several threads posting RDMA WRITEs (two SGEs each) and polling at once, into the regions
  * of a second RNIC (a forked child with PEER_IP / PEER_MAC), which checks the bytes; and an
  * R_Key that was never valid. One of the threads waits for its completions on a completion
- * channel's fd with poll(2). Prints "ok" and exits 0 when everything held. */
+ * channel's fd with poll(2). Then ibv_resize_cq around completions waiting in a CQ, and
+ * ibv_rereg_mr: its error codes, a new translation, a new PD. Prints "ok" and exits 0 when
+ * everything held. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -12,6 +14,7 @@
 #include <unistd.h>
 #include <sys/wait.h>
 #include <poll.h>
+#include <time.h>
 #include <infiniband/verbs.h>
 
 static int failures;
@@ -139,6 +142,18 @@ static int child(int in, int out) {
 	return 0;
 }
 
+/* One completion from `cq`, polled for at most `ms` milliseconds: 1, or 0 when none came. */
+static int poll_one(struct ibv_cq *cq, struct ibv_wc *wc, int ms) {
+	struct timespec t0, t;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	for (;;) {
+		int k = ibv_poll_cq(cq, 1, wc);
+		if (k != 0) return k;
+		clock_gettime(CLOCK_MONOTONIC, &t);
+		if ((t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000 > ms) return 0;
+	}
+}
+
 static int open_dev(void) {
 	int n;
 	struct ibv_device **l = ibv_get_device_list(&n);
@@ -222,6 +237,77 @@ int main(void) {
 	struct job jobs[THREADS];
 	for (int i = 0; i < THREADS; i++) { jobs[i] = (struct job){ i, 0 }; pthread_create(&th[i], NULL, worker, &jobs[i]); }
 	for (int i = 0; i < THREADS; i++) { pthread_join(th[i], NULL); CHECK(jobs[i].ok, "thread %d", i); }
+	/* ibv_resize_cq: eight receives flushed into cqs[1] (its QP moved to ERR, which flushes at
+	 * once) wait there; the CQ cannot shrink below them, can to them, and keeps them in order. */
+	CHECK(ibv_resize_cq(cqs[1], 0) == EINVAL && ibv_resize_cq(cqs[1], 1 << 30) == EINVAL, "resize_cq(0), resize_cq(huge)");
+	CHECK(ibv_resize_cq(cqs[1], 16) == 0 && cqs[1]->cqe == 16, "resize_cq(16): cqe %d", cqs[1]->cqe);
+	for (int i = 0; i < 8; i++) {
+		struct ibv_sge rs = { (uintptr_t)bufs[1], 64, mrs[1]->lkey };
+		struct ibv_recv_wr rw = { .wr_id = 100 + i, .sg_list = &rs, .num_sge = 1 }, *rbad;
+		CHECK(ibv_post_recv(qps[1], &rw, &rbad) == 0, "post_recv %d", i);
+	}
+	struct ibv_qp_attr err = { .qp_state = IBV_QPS_ERR };
+	CHECK(ibv_modify_qp(qps[1], &err, IBV_QP_STATE) == 0, "modify_qp(ERR)");
+	CHECK(ibv_resize_cq(cqs[1], 7) == EINVAL && cqs[1]->cqe == 16, "resize_cq(7) with 8 waiting: cqe %d", cqs[1]->cqe);
+	CHECK(ibv_resize_cq(cqs[1], 8) == 0 && cqs[1]->cqe == 8, "resize_cq(8) with 8 waiting: cqe %d", cqs[1]->cqe);
+	struct ibv_wc fw[16];
+	int nf = ibv_poll_cq(cqs[1], 16, fw);
+	CHECK(nf == 8, "flushed receives after the resize: %d", nf);
+	for (int i = 0; i < nf; i++)
+		CHECK(fw[i].wr_id == (uint64_t)(100 + i) && fw[i].status == IBV_WC_WR_FLUSH_ERR, "flushed %d: wr_id %llu status %s",
+		      i, (unsigned long long)fw[i].wr_id, ibv_wc_status_str(fw[i].status));
+	/* ibv_rereg_mr: rdma-core's input checks (IBV_REREG_MR_ERR_INPUT) and the kernel's
+	 * (IBV_REREG_MR_ERR_CMD), each with EINVAL and nothing changed. */
+	struct { int flags; struct ibv_pd *pd; void *addr; size_t len; int access; int want; } rr[] = {
+		{ 8, NULL, NULL, 0, 0, IBV_REREG_MR_ERR_INPUT },
+		{ IBV_REREG_MR_CHANGE_TRANSLATION, NULL, bufs[3], 0, 0, IBV_REREG_MR_ERR_INPUT },
+		{ IBV_REREG_MR_CHANGE_PD, pd, NULL, 0, IBV_ACCESS_LOCAL_WRITE, IBV_REREG_MR_ERR_INPUT },
+		{ 0, NULL, NULL, 0, 0, IBV_REREG_MR_ERR_CMD },
+		{ IBV_REREG_MR_CHANGE_PD, NULL, NULL, 0, 0, IBV_REREG_MR_ERR_CMD },
+		{ IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0, IBV_ACCESS_REMOTE_WRITE, IBV_REREG_MR_ERR_CMD },
+	};
+	for (unsigned i = 0; i < sizeof rr / sizeof rr[0]; i++) {
+		errno = 0;
+		int r = ibv_rereg_mr(mrs[3], rr[i].flags, rr[i].pd, rr[i].addr, rr[i].len, rr[i].access);
+		CHECK(r == rr[i].want && errno == EINVAL, "rereg_mr case %u: %d errno %d", i, r, errno);
+	}
+	CHECK(mrs[3]->pd == pd && mrs[3]->addr == bufs[3] && mrs[3]->length == LEN, "rereg_mr: refused calls changed the MR");
+	/* A new translation: region 2's last WRITE gathers from a new buffer (holding what the
+	 * child expects) under the same L_Key, while the old buffer holds something else. */
+	uint32_t lkey2 = mrs[2]->lkey;
+	char *nb = malloc(LEN);
+	memset(nb, pattern(2, WRITES - 1), LEN);
+	CHECK(ibv_rereg_mr(mrs[2], IBV_REREG_MR_CHANGE_TRANSLATION, NULL, nb, LEN, 0) == 0, "rereg_mr(translation): errno %d", errno);
+	CHECK(mrs[2]->addr == nb && mrs[2]->length == LEN && mrs[2]->lkey == lkey2, "rereg_mr(translation): the MR says %p %zu", mrs[2]->addr, mrs[2]->length);
+	memset(bufs[2], 0xee, LEN);
+	struct ibv_sge s2 = { (uintptr_t)nb, LEN, mrs[2]->lkey };
+	struct ibv_send_wr w2 = { .wr_id = 7777, .sg_list = &s2, .num_sge = 1,
+		.opcode = IBV_WR_RDMA_WRITE, .send_flags = IBV_SEND_SIGNALED }, *b2;
+	w2.wr.rdma.remote_addr = peer.addr[2]; w2.wr.rdma.rkey = peer.rkey[2];
+	CHECK(ibv_post_send(qps[2], &w2, &b2) == 0, "post from the re-registered region");
+	int k2;
+	do { k2 = ibv_poll_cq(cqs[2], 1, &wc); } while (k2 == 0);
+	CHECK(k2 == 1 && wc.status == IBV_WC_SUCCESS && wc.wr_id == 7777, "from the re-registered region: %s", ibv_wc_status_str(wc.status));
+	/* A new PD: region 3 no longer serves its QP's PD (LOC_PROT_ERR). */
+	struct ibv_pd *pd2 = ibv_alloc_pd(ctx);
+	CHECK(ibv_rereg_mr(mrs[3], IBV_REREG_MR_CHANGE_PD, pd2, NULL, 0, 0) == 0 && mrs[3]->pd == pd2, "rereg_mr(pd): errno %d", errno);
+	CHECK(ibv_dealloc_pd(pd2) == EBUSY, "a PD with a re-registered region is busy");
+	/* Twenty times (the QP reset and connected again in between): a work request that fails
+	 * as its payload is gathered sends nothing, and its completion must still reach a program
+	 * that polled the CQ empty just before (the drop-in's "still empty" shortcut once missed it,
+	 * now and then, and the program spun forever: hence the bounded wait). */
+	for (int i = 0; i < 20; i++) {
+		struct ibv_qp_attr rst = { .qp_state = IBV_QPS_RESET };
+		CHECK(i == 0 || (ibv_modify_qp(qps[3], &rst, IBV_QP_STATE) == 0 && connect_qp(qps[3], peer.qpn[3], &peer.gid) == 0), "reconnect %d", i);
+		struct ibv_sge s3 = { (uintptr_t)bufs[3], 64, mrs[3]->lkey };
+		struct ibv_send_wr w3 = { .wr_id = 8888 + i, .sg_list = &s3, .num_sge = 1,
+			.opcode = IBV_WR_RDMA_WRITE, .send_flags = IBV_SEND_SIGNALED }, *b3;
+		w3.wr.rdma.remote_addr = peer.addr[3]; w3.wr.rdma.rkey = peer.rkey[3];
+		CHECK(ibv_post_send(qps[3], &w3, &b3) == 0, "post from a region of another PD (%d)", i);
+		int k3 = poll_one(cqs[3], &wc, 5000);
+		CHECK(k3 == 1 && wc.status == IBV_WC_LOC_PROT_ERR && wc.wr_id == (uint64_t)(8888 + i),
+		      "from a region of another PD (%d): %d %s", i, k3, k3 == 1 ? ibv_wc_status_str(wc.status) : "no completion in 5 s");
+	}
 	/* An R_Key that was never valid: REM_ACCESS_ERR at the requester. */
 	struct ibv_sge s1 = { (uintptr_t)bufs[0], 64, mrs[0]->lkey };
 	struct ibv_send_wr w1 = { .wr_id = 9999, .sg_list = &s1, .num_sge = 1,
