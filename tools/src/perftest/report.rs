@@ -213,12 +213,16 @@ pub fn bw_header(gbits: bool) -> String {
     format!(" #bytes     #iterations    BW peak[{unit}]    BW average[{unit}]   MsgRate[Mpps]")
 }
 
+/// In perftest's units: its "MB/sec" is 2^20 bytes a second (`print_report_bw` divides by
+/// 0x100000), its "Gb/sec" 10^9 bits (125,000,000 bytes), so that the columns read as
+/// `ib_write_bw`'s do. The JSON keeps `gbps` (10^9 bits) and `bw_peak_mbps` (10^6 bytes).
 pub fn bw_line(r: &Report, gbits: bool) -> String {
+    const MIB: f64 = 1048576.0;
     let avg = r.bytes as f64 / r.seconds;
     let (peak, avg) = if gbits {
         (r.bw_peak_mbps * 8.0 / 1e3, avg * 8.0 / 1e9)
     } else {
-        (r.bw_peak_mbps, avg / 1e6)
+        (r.bw_peak_mbps * 1e6 / MIB, avg / MIB)
     };
     format!(
         " {:<10} {:<10}       {:<16.2}   {:<16.2}     {:.6}",
@@ -246,4 +250,38 @@ pub fn lat_line(r: &Report) -> String {
         pct(l, 0.99),
         pct(l, 0.999)
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The table's columns in perftest's units: MB/sec is MiB/s, Gb/sec is 10^9 bits/s.
+    #[test]
+    fn bw_line_reads_as_perftest_s() {
+        let r = Report {
+            size: 65536,
+            iters: 160,
+            bytes: 10 * 1048576,
+            seconds: 1.0,
+            bw_peak_mbps: 20.0 * 1048576.0 / 1e6,
+            mpps: 0.00016,
+            ..Default::default()
+        };
+        let cols: Vec<String> = bw_line(&r, false)
+            .split_whitespace()
+            .map(str::to_string)
+            .collect();
+        assert_eq!(cols, ["65536", "160", "20.00", "10.00", "0.000160"]);
+        let r = Report {
+            bytes: 125_000_000,
+            bw_peak_mbps: 250.0,
+            ..r
+        };
+        let cols: Vec<String> = bw_line(&r, true)
+            .split_whitespace()
+            .map(str::to_string)
+            .collect();
+        assert_eq!(cols[2..4], ["2.00", "1.00"]);
+    }
 }
