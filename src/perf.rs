@@ -304,8 +304,22 @@ fn run_remote(
     let Some(ip) = &a.ip else {
         return Err("--dev needs --ip: this end's address".into());
     };
-    if a.all || a.duration.is_some() {
-        return Err("-a and -D are not available with --dev yet: give -s and -n".into());
+    if a.all {
+        return Err("-a is not available with --dev yet: give -s (and -n or -D)".into());
+    }
+    if let Some(d) = a.duration {
+        // perftest's -D on a datapath: the client posts for D seconds. A server of the WRITE,
+        // READ and atomic tests waits for the client's end whichever way it runs; a SEND
+        // server would have to receive by its own clock, and the latency tests count samples.
+        if test == Test::Send || a.lat || a.rdma_cm || a.threads > 1 || a.serve != 1 {
+            return Err("-D with --dev: the WRITE, READ and atomic bandwidth tests over perftest's TCP exchange, on one thread (not SEND, --lat, -R, --threads or --serve yet)".into());
+        }
+        if !(d > 0.0 && d.is_finite()) {
+            return Err(format!("-D {d}: a duration in seconds, above 0").into());
+        }
+        if a.verify && matches!(test, Test::Atomic { .. }) {
+            return Err("--verify of atomics counts the adds of -n: not with -D".into());
+        }
     }
     if a.lat && a.qps != 1 {
         return Err("--lat runs on one QP (as perftest's latency tests)".into());
@@ -345,6 +359,7 @@ fn run_remote(
         port: a.port,
         size,
         iters,
+        duration: a.duration,
         qps: a.qps,
         mtu,
         tx_depth,

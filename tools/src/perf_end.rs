@@ -365,7 +365,7 @@ pub(crate) fn run_client(
     let plan = BwPlan {
         test: o.test,
         iters: o.iters,
-        duration: None,
+        duration: o.duration,
         tx_depth: o.tx_depth,
         cq_mod: o.cq_mod,
         cq: s.cq,
@@ -378,7 +378,11 @@ pub(crate) fn run_client(
         size: o.size,
         qps: o.qps,
         mtu: mtu.bytes(),
-        iters: o.iters * o.qps as u64,
+        // A timed run did what it did.
+        iters: match o.duration {
+            Some(_) => run.messages,
+            None => o.iters * o.qps as u64,
+        },
         limit_gbps,
     };
     let t = Transport::since(&c0, &ep.rnic.counters());

@@ -146,8 +146,12 @@ pub struct PerfOpts {
     pub server: Option<String>,
     pub port: u16,
     pub size: usize,
-    /// Messages per QP.
+    /// Messages per QP (not in a timed run).
     pub iters: u64,
+    /// perftest's `-D`: the client posts for this many seconds instead of `iters` per QP (the
+    /// WRITE, READ and atomic bandwidth tests; a server of those waits for the client's end
+    /// whichever it is).
+    pub duration: Option<f64>,
     pub qps: usize,
     /// The path MTU asked for (the smaller of the two ends' is used).
     pub mtu: Mtu,

@@ -25,6 +25,7 @@ fn po(server: Option<&str>, port: u16, test: Test, lat: bool, qps: usize) -> Per
             3000
         },
         iters: 100,
+        duration: None,
         qps,
         mtu: Mtu::M1024,
         tx_depth: 16,
@@ -84,6 +85,46 @@ fn bandwidth_every_test_verified() {
             assert_eq!(got.iters, 100 * qps as u64, "{what}");
             assert_eq!(got.size, rep.size, "{what}");
         }
+    }
+}
+
+/// perftest's `-D` on a datapath: the client posts for the duration rather than `iters` (here
+/// far more than 100 messages a QP), reports what it did, and the server, which waits for the
+/// client's end whichever way it runs, gets that report.
+#[test]
+fn a_timed_bandwidth_run_posts_for_its_duration() {
+    for (k, test) in [Test::Write, Test::Read, Test::Atomic { cmp_swap: false }]
+        .into_iter()
+        .enumerate()
+    {
+        let what = format!("{test:?} -D 0.3");
+        let port = free_tcp_port();
+        let timed = move |server: Option<&str>| PerfOpts {
+            duration: Some(0.3),
+            verify: server.is_some() && test != Test::Atomic { cmp_swap: false },
+            ..po(server, port, test, false, 2)
+        };
+        let (s, c) = common::pair(
+            40 + k as u8,
+            move |ep| perf(ep, &timed(None)),
+            move |ep| perf(ep, &timed(Some("127.0.0.1"))),
+        );
+        let s = s.unwrap_or_else(|e| panic!("{what}: server: {e}"));
+        let c = c.unwrap_or_else(|e| panic!("{what}: client: {e}"));
+        let rep = c.report.expect("the client reports");
+        assert_eq!(rep.errors, 0, "{what}: {:?}", rep.first_error);
+        assert!(
+            rep.seconds >= 0.3 && rep.seconds < 20.0,
+            "{what}: {} s",
+            rep.seconds
+        );
+        assert!(rep.messages > 2 * 100, "{what}: {} messages", rep.messages);
+        assert_eq!(rep.iters, rep.messages, "{what}");
+        if test != (Test::Atomic { cmp_swap: false }) {
+            assert_eq!(rep.verified, Some(true), "{what}: {}", rep.verify_detail);
+        }
+        let got = s.report.expect("the server has the client's report");
+        assert_eq!(got.iters, rep.messages, "{what}");
     }
 }
 

@@ -130,6 +130,7 @@ fn po(server: Option<&str>, test: Test, lat: bool, qps: usize) -> PerfOpts {
             5000
         },
         iters: 64,
+        duration: None,
         qps,
         mtu: Mtu::M1024,
         tx_depth: 16,

@@ -49,6 +49,7 @@ fn opts(server: Option<String>, port: u16, out_reads: Option<u16>) -> PerfOpts {
         port,
         size: 64,
         iters: 64,
+        duration: None,
         qps: 1,
         mtu: Mtu::M1024,
         tx_depth: 16,
