@@ -418,16 +418,36 @@ fn every_remote_check_answers_as_for_an_owned_region() {
     }
 }
 
+/// A bed with a foreign region over all of `ma` on A and of `mb` on B, and A's first WRITE
+/// (work request 1: 64 bytes of `fill` from A's buffer to B's at 0) done and checked.
+fn bed_written(ma: &Mem, mb: &Mem, fill: u8) -> (Bed, MrInfo, MrInfo) {
+    let mut t = Bed::rc();
+    let a = reg(&mut t, A, ma, Access::ALL);
+    let b = reg(&mut t, B, mb, Access::ALL);
+    ma.set(0, &[fill; 64]);
+    t.post_send(A, write_wr(1, &b, 0, at(&a, 0, 64)));
+    assert_eq!(st(&t.wait_wcs(A, 1)), vec![(1, WcStatus::Success)]);
+    assert_eq!(mb.get(0, 64), vec![fill; 64]);
+    (t, a, b)
+}
+
+/// A's WRITE `id` of 64 bytes from `a` at 0 into `b` at `off`, which B NAKs (remote access).
+fn write_naked(t: &mut Bed, id: u64, a: &MrInfo, b: &MrInfo, off: u64, what: &str) {
+    t.clear_log();
+    t.post_send(A, write_wr(id, b, off, at(a, 0, 64)));
+    let (wa, _) = t.settle();
+    assert_eq!(st(&wa), vec![(id, WcStatus::RemAccessErr)], "{what}");
+    assert_eq!(
+        t.acks(Dir::BA).iter().map(|a| a.1).collect::<Vec<_>>(),
+        vec![NAK_ACC],
+        "{what}"
+    );
+}
+
 #[test]
 fn after_dereg_the_buffer_is_never_touched_and_access_is_naked() {
     let (ma, mb) = (Mem::new(4096), Mem::new(4096));
-    let mut t = Bed::rc();
-    let a = reg(&mut t, A, &ma, Access::ALL);
-    let b = reg(&mut t, B, &mb, Access::ALL);
-    ma.set(0, &[1; 64]);
-    t.post_send(A, write_wr(1, &b, 0, at(&a, 0, 64)));
-    assert_eq!(st(&t.wait_wcs(A, 1)), vec![(1, WcStatus::Success)]);
-    assert_eq!(mb.get(0, 64), vec![1; 64]);
+    let (mut t, a, b) = bed_written(&ma, &mb, 1);
     t.p.b.dereg_mr(b.lkey).unwrap();
     assert!(matches!(
         t.p.b.dereg_mr(b.lkey),
@@ -438,14 +458,7 @@ fn after_dereg_the_buffer_is_never_touched_and_access_is_naked() {
     // B's program owns its buffer again: what it writes stays, what A writes never lands.
     mb.set(0, &[2; 64]);
     ma.set(0, &[3; 64]);
-    t.clear_log();
-    t.post_send(A, write_wr(2, &b, 0, at(&a, 0, 64)));
-    let (wa, _) = t.settle();
-    assert_eq!(st(&wa), vec![(2, WcStatus::RemAccessErr)]);
-    assert_eq!(
-        t.acks(Dir::BA).iter().map(|a| a.1).collect::<Vec<_>>(),
-        vec![NAK_ACC]
-    );
+    write_naked(&mut t, 2, &a, &b, 0, "after dereg");
     assert_eq!(mb.get(0, 4096)[..64], [2; 64]);
     assert!(mb.get(64, 4032).iter().all(|&x| x == 0));
     drop(t);
@@ -643,13 +656,7 @@ fn a_region_under_the_keys_another_shard_gave_it_is_found_by_them() {
 #[test]
 fn rereg_moves_a_region_to_new_memory_under_its_keys() {
     let (ma, mb, mb2) = (Mem::new(4096), Mem::new(4096), Mem::new(2048));
-    let mut t = Bed::rc();
-    let a = reg(&mut t, A, &ma, Access::ALL);
-    let b = reg(&mut t, B, &mb, Access::ALL);
-    ma.set(0, &[1; 64]);
-    t.post_send(A, write_wr(1, &b, 0, at(&a, 0, 64)));
-    assert_eq!(st(&t.wait_wcs(A, 1)), vec![(1, WcStatus::Success)]);
-    assert_eq!(mb.get(0, 64), vec![1; 64]);
+    let (mut t, a, b) = bed_written(&ma, &mb, 1);
     // Refused: remote write without local write (IBTA 10.6.3.1, unverified), a PD that was
     // deallocated, an L_Key of nothing.
     let gone = t.p.b.alloc_pd();
@@ -698,14 +705,7 @@ fn rereg_moves_a_region_to_new_memory_under_its_keys() {
         "the old buffer untouched"
     );
     // The region ends where the new memory does: a WRITE past it is NAKed.
-    t.clear_log();
-    t.post_send(A, write_wr(4, &b2, 2000, at(&a, 0, 64)));
-    let (wa, _) = t.settle();
-    assert_eq!(st(&wa), vec![(4, WcStatus::RemAccessErr)]);
-    assert_eq!(
-        t.acks(Dir::BA).iter().map(|a| a.1).collect::<Vec<_>>(),
-        vec![NAK_ACC]
-    );
+    write_naked(&mut t, 4, &a, &b2, 2000, "past the new length");
     assert!(mb2.get(2000, 48).iter().all(|&x| x == 0));
     drop(t);
 }
@@ -715,12 +715,7 @@ fn rereg_moves_a_region_to_new_memory_under_its_keys() {
 fn rereg_of_access_or_pd_applies_to_the_next_request() {
     for change_pd in [false, true] {
         let (ma, mb) = (Mem::new(4096), Mem::new(4096));
-        let mut t = Bed::rc();
-        let a = reg(&mut t, A, &ma, Access::ALL);
-        let b = reg(&mut t, B, &mb, Access::ALL);
-        ma.set(0, &[5; 64]);
-        t.post_send(A, write_wr(1, &b, 0, at(&a, 0, 64)));
-        assert_eq!(st(&t.wait_wcs(A, 1)), vec![(1, WcStatus::Success)]);
+        let (mut t, a, b) = bed_written(&ma, &mb, 5);
         let r = if change_pd {
             let pd2 = t.p.b.alloc_pd();
             let r = t.p.b.rereg_mr(b.lkey, Some(pd2), None, None).unwrap();
@@ -736,10 +731,7 @@ fn rereg_of_access_or_pd_applies_to_the_next_request() {
         };
         assert_eq!((r.lkey, r.rkey, r.addr), (b.lkey, b.rkey, b.addr));
         ma.set(0, &[6; 64]);
-        t.clear_log();
-        t.post_send(A, write_wr(2, &b, 0, at(&a, 0, 64)));
-        let (wa, _) = t.settle();
-        assert_eq!(st(&wa), vec![(2, WcStatus::RemAccessErr)], "pd {change_pd}");
+        write_naked(&mut t, 2, &a, &b, 0, &format!("pd {change_pd}"));
         assert_eq!(
             mb.get(0, 64),
             vec![5; 64],
