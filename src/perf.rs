@@ -154,6 +154,10 @@ pub fn run(a: &Args) -> Result<ExitCode, Box<dyn std::error::Error>> {
     if a.qp_timeout > 31 {
         return Err("-u: timeout exponent 0…31".into());
     }
+    // In process and on a datapath alike (a NaN or negative duration panicked in the timer).
+    if let Some(d) = a.duration.filter(|d| !(*d > 0.0 && d.is_finite())) {
+        return Err(format!("-D {d}: a duration in seconds, above 0").into());
+    }
     let test = match a.test {
         TestArg::Write => Test::Write,
         TestArg::Read => Test::Read,
@@ -307,15 +311,12 @@ fn run_remote(
     if a.all {
         return Err("-a is not available with --dev yet: give -s (and -n or -D)".into());
     }
-    if let Some(d) = a.duration {
+    if a.duration.is_some() {
         // perftest's -D on a datapath: the client posts for D seconds. A server of the WRITE,
         // READ and atomic tests waits for the client's end whichever way it runs; a SEND
         // server would have to receive by its own clock, and the latency tests count samples.
         if test == Test::Send || a.lat || a.rdma_cm || a.threads > 1 || a.serve != 1 {
             return Err("-D with --dev: the WRITE, READ and atomic bandwidth tests over perftest's TCP exchange, on one thread (not SEND, --lat, -R, --threads or --serve yet)".into());
-        }
-        if !(d > 0.0 && d.is_finite()) {
-            return Err(format!("-D {d}: a duration in seconds, above 0").into());
         }
         if a.verify && matches!(test, Test::Atomic { .. }) {
             return Err("--verify of atomics counts the adds of -n: not with -D".into());
