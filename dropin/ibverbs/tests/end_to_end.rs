@@ -193,40 +193,17 @@ fn verbs_program_of_our_own_errno_threads_bad_rkey() {
         unsafe { libc::geteuid() } == 0,
         "needs root (AF_PACKET on lo)"
     );
-    let exe = libdir().join("verbs_check");
-    let st = Command::new("cc")
-        .args(["-Wall", "-o"])
-        .arg(&exe)
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/c/verbs_check.c"
-        ))
-        .args(["-libverbs", "-lpthread"])
-        .status()
-        .expect("cc");
-    assert!(st.success(), "verbs_check.c did not compile");
+    let exe = c_program("verbs_check", &["-Wall"], &["-libverbs", "-lpthread"]);
     // On one engine thread and on two (shards): the completion of a work request that fails
     // before sending anything once got lost to ibv_poll_cq's "still empty" shortcut, more often
     // with two.
     for threads in ["1", "2"] {
-        let o = Command::new("timeout")
-            .arg("120")
-            .arg(&exe)
-            .env("LD_LIBRARY_PATH", libdir())
-            .env("ROCEMU_DEV", "af_packet:lo")
-            .env("ROCEMU_THREADS", threads)
-            .env("ROCEMU_IP", "127.77.14.9")
-            .env("ROCEMU_MAC", "02:52:4f:00:0e:09")
-            .env("PEER_IP", "127.77.14.10")
-            .env("PEER_MAC", "02:52:4f:00:0e:0a")
-            .output()
-            .unwrap();
-        let out = String::from_utf8_lossy(&o.stdout);
-        assert!(
-            o.status.success() && out.trim() == "ok",
-            "ROCEMU_THREADS={threads}: {}{}",
-            out,
-            String::from_utf8_lossy(&o.stderr)
+        run_c_program(
+            &exe,
+            120,
+            threads,
+            ["127.77.14.9", "02:52:4f:00:0e:09"],
+            ["127.77.14.10", "02:52:4f:00:0e:0a"],
         );
     }
 }
@@ -246,33 +223,57 @@ fn extended_cq_poll_api_matches_poll_cq() {
         unsafe { libc::geteuid() } == 0,
         "needs root (AF_PACKET on lo)"
     );
-    let exe = libdir().join("cq_ex_check");
+    let exe = c_program(
+        "cq_ex_check",
+        &["-Wall", "-Wextra", "-Werror"],
+        &["-libverbs"],
+    );
+    run_c_program(
+        &exe,
+        60,
+        "1",
+        ["127.77.14.11", "02:52:4f:00:0e:0b"],
+        ["127.77.14.12", "02:52:4f:00:0e:0c"],
+    );
+}
+
+/// `tests/c/NAME.c` compiled with `cc WARNINGS … LIBS` against the system's verbs.h and
+/// libibverbs, into the directory where it then runs on ours.
+fn c_program(name: &str, warnings: &[&str], libs: &[&str]) -> PathBuf {
+    let exe = libdir().join(name);
     let st = Command::new("cc")
-        .args(["-Wall", "-Wextra", "-Werror", "-o"])
+        .args(warnings)
+        .arg("-o")
         .arg(&exe)
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/c/cq_ex_check.c"
-        ))
-        .arg("-libverbs")
+        .arg(format!("{}/tests/c/{name}.c", env!("CARGO_MANIFEST_DIR")))
+        .args(libs)
         .status()
         .expect("cc");
-    assert!(st.success(), "cq_ex_check.c did not compile");
+    assert!(st.success(), "{name}.c did not compile");
+    exe
+}
+
+/// Runs one of those programs (it forks its peer) for at most `secs` seconds on AF_PACKET over
+/// lo on `threads` engine threads, this end at `me` and the peer at `peer` (IP, MAC); it must
+/// exit 0 having printed "ok".
+fn run_c_program(exe: &std::path::Path, secs: u32, threads: &str, me: [&str; 2], peer: [&str; 2]) {
     let o = Command::new("timeout")
-        .arg("60")
-        .arg(&exe)
+        .arg(secs.to_string())
+        .arg(exe)
         .env("LD_LIBRARY_PATH", libdir())
         .env("ROCEMU_DEV", "af_packet:lo")
-        .env("ROCEMU_IP", "127.77.14.11")
-        .env("ROCEMU_MAC", "02:52:4f:00:0e:0b")
-        .env("PEER_IP", "127.77.14.12")
-        .env("PEER_MAC", "02:52:4f:00:0e:0c")
+        .env("ROCEMU_THREADS", threads)
+        .env("ROCEMU_IP", me[0])
+        .env("ROCEMU_MAC", me[1])
+        .env("PEER_IP", peer[0])
+        .env("PEER_MAC", peer[1])
         .output()
         .unwrap();
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(
         o.status.success() && out.trim() == "ok",
-        "{}{}",
+        "{} on {threads} engine thread(s): {}{}",
+        exe.display(),
         out,
         String::from_utf8_lossy(&o.stderr)
     );
